@@ -1,0 +1,95 @@
+# Set-up and test entry points. Every target installs what it needs, idempotently.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+VENV        := .venv
+BIN         := $(VENV)/bin
+PYTHON      := $(BIN)/python
+STAMP       := $(VENV)/.requirements.sha256
+LAB         := $(PYTHON) tests/lab/lab
+COLLECTIONS := $(CURDIR)/build/collections
+SANITY_TREE := $(CURDIR)/build/sanity/ansible_collections/llmops/inference
+APT_PACKAGES := debootstrap systemd-container iproute2 util-linux gcc make openssh-client psmisc python3-venv rsync
+DEMO_LAB    ?= demo
+DEMO_HOSTS  ?= 3
+
+export ANSIBLE_COLLECTIONS_PATH := $(COLLECTIONS)
+export PATH := $(CURDIR)/$(BIN):$(PATH)
+
+.PHONY: help deps venv collection-link lint ruff ansible-lint sanity units e2e molecule test demo demo-down \
+        lab-up lab-down lab-image bench docs build clean
+
+help: ## List the targets
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
+
+deps: ## Install the Debian packages the lab and the tests need (apt, only what is missing)
+	@[ "$$(id -u)" = 0 ] || { echo "make deps: needs root (apt-get, and the lab boots containers)" >&2; exit 1; }
+	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "installing: $$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+venv: $(STAMP) ## Create .venv with the pinned controller and test tools
+
+$(STAMP): requirements.txt
+	@command -v python3 >/dev/null || { echo "python3 is needed (apt-get install python3 python3-venv)" >&2; exit 1; }
+	@[ -x $(PYTHON) ] || python3 -m venv $(VENV)
+	$(PYTHON) -m pip install --quiet --upgrade pip
+	$(PYTHON) -m pip install --quiet -r requirements.txt
+	sha256sum requirements.txt > $(STAMP)
+
+collection-link: ## Make the checkout importable as ansible_collections.llmops.inference
+	@mkdir -p $(COLLECTIONS)/ansible_collections/llmops
+	@ln -sfn $(CURDIR) $(COLLECTIONS)/ansible_collections/llmops/inference
+
+ruff: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+ansible-lint: venv collection-link
+	$(BIN)/ansible-lint --offline --profile production
+
+lint: ruff ansible-lint ## ruff and ansible-lint (production profile)
+
+sanity: venv ## ansible-test sanity from an ansible_collections/llmops/inference tree
+	rm -rf $(SANITY_TREE) && mkdir -p $(SANITY_TREE)
+	git ls-files -z --cached --others --exclude-standard | rsync -a --from0 --files-from=- ./ $(SANITY_TREE)/
+	$(PYTHON) tests/sanity/bootstrap_pip.py
+	cd $(SANITY_TREE) && $(BIN)/ansible-test sanity --color no --python 3.11 --requirements
+
+units: venv collection-link ## Unit tests (plugins and the lab's parts)
+	$(PYTHON) -m pytest -q tests/unit tests/lab/tests -m 'not lab'
+
+e2e: deps venv collection-link ## End-to-end tests on lab hosts (root)
+	$(PYTHON) -m pytest -q tests/e2e tests/lab/tests -m lab
+
+molecule: deps venv collection-link ## Molecule scenarios on lab hosts (root)
+	cd extensions && $(BIN)/molecule test --all
+
+test: deps venv lint sanity units e2e molecule ## Everything CI runs
+
+lab-image: deps venv ## Build (or reuse) the cached lab rootfs
+	$(LAB) image
+
+lab-up: deps venv ## Boot a lab: make lab-up LAB_NAME=lab LAB_HOSTS=3
+	$(LAB) up --name $${LAB_NAME:-lab} --hosts $${LAB_HOSTS:-3} --gpus $${LAB_GPUS:-2}
+
+lab-down: venv ## Remove a lab: make lab-down LAB_NAME=lab
+	$(LAB) down --name $${LAB_NAME:-lab}
+
+demo: deps venv collection-link ## Boot a 3-host lab, deploy to it, print a probe report
+	$(LAB) up --name $(DEMO_LAB) --hosts $(DEMO_HOSTS) --gpus 2
+	$(BIN)/ansible-playbook -i /run/llmops-lab/$(DEMO_LAB)/inventory.yml -i docs/examples/lab-inventory playbooks/deploy.yml
+	@echo "The demo lab stays up for you to explore: ssh, tests/lab/lab exec --name $(DEMO_LAB) $(DEMO_LAB)1 -- ..."
+	@echo "Remove it with: make demo-down"
+
+demo-down: venv ## Remove the demo lab
+	$(LAB) down --name $(DEMO_LAB)
+
+build: venv ## Build the collection tarball
+	$(BIN)/ansible-galaxy collection build --force
+
+clean: ## Remove build outputs (not the venv or the lab cache)
+	rm -rf build tests/output llmops-inference-*.tar.gz

@@ -1,0 +1,1 @@
+"""Lab control: build a cached Debian rootfs, boot hosts on it, write an inventory, clean up."""

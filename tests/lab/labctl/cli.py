@@ -1,0 +1,190 @@
+"""Command line: ``lab image | up | down | status | exec``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+
+from . import hosts, image, inventory, payload
+from .state import MAX_HOSTS, NAME_RE, LabState, addresses, allocate_subnet, global_lock
+from .system import LabError, require_root, require_tools, run
+
+MAX_GPUS = 16
+HOST_ENV = ["env", "-i", "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root",
+            "LANG=C.UTF-8", "TERM=dumb"]
+
+
+class Interrupted(Exception):
+    """A signal arrived while the lab was changing the machine."""
+
+
+def _raise_interrupted(signum, _frame):
+    raise Interrupted(f"interrupted by signal {signum}")
+
+
+def _bounded_int(flag: str, low: int, high: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} must be an integer from {low} to {high}, got {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{flag} must be from {low} to {high}, got {value}")
+        return value
+    return parse
+
+
+def _lab_name(text: str) -> str:
+    if not NAME_RE.match(text):
+        raise argparse.ArgumentTypeError(
+            f"--name must be 1-6 lowercase letters or digits, starting and ending with a letter, got {text!r}")
+    return text
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="lab", description="Lab hosts for llmops.inference: Debian bookworm booted with systemd-nspawn "
+        "(real systemd, real sshd), simulated GPUs and a simulated SGLang engine. Run as root.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    img = sub.add_parser("image", help="build the cached rootfs (once per recipe) and print its path")
+    img.add_argument("--rebuild", action="store_true", help="rebuild even when a cached rootfs exists")
+
+    for name, text in (("up", "boot hosts and write an inventory (cleans a stale lab of the same name first)"),
+                       ("down", "stop the hosts and remove every mount, link, process and file the lab made"),
+                       ("status", "show the lab's hosts")):
+        cmd = sub.add_parser(name, help=text)
+        cmd.add_argument("--name", type=_lab_name, default="lab", help="lab instance name (default: lab)")
+        if name == "up":
+            cmd.add_argument("--hosts", type=_bounded_int("--hosts", 1, MAX_HOSTS), default=1,
+                             help=f"number of hosts, 1 to {MAX_HOSTS} (default 1)")
+            cmd.add_argument("--gpus", type=_bounded_int("--gpus", 1, MAX_GPUS), default=2,
+                             help=f"simulated GPUs per host, 1 to {MAX_GPUS} (default 2)")
+
+    ex = sub.add_parser("exec", help="run a command inside a host (no SSH), e.g. lab exec lab1 -- systemctl status")
+    ex.add_argument("--name", type=_lab_name, default="lab")
+    ex.add_argument("host")
+    ex.add_argument("argv", nargs=argparse.REMAINDER)
+    return parser
+
+
+def cmd_image(args) -> int:
+    require_root()
+    require_tools(["debootstrap", "systemd-nspawn"])
+    print(image.ensure_image(rebuild=args.rebuild, log=_log))
+    return 0
+
+
+def cmd_up(args) -> int:
+    require_root()
+    require_tools()
+    rootfs = image.ensure_image(log=_log)
+    simgpu_build = payload.build_simgpu()
+    state = LabState(args.name)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, _raise_interrupted)
+    try:
+        with global_lock():
+            hosts.teardown(state)
+            data = {"name": args.name, "subnet": allocate_subnet(args.name), "gpus": args.gpus, "hosts": [],
+                    "status": "starting", "rootfs": str(rootfs)}
+            state.save(data)
+        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"llmops-lab-{args.name}", "-f", str(state.key)])
+        public_key = state.key.with_suffix(".pub").read_text()
+        for index in range(1, args.hosts + 1):
+            host = state.host_name(index)
+            host_side, container_side = addresses(data["subnet"], index)
+            host_dir = state.host_dir(host)
+            merged = hosts.mount_overlay(rootfs, host_dir)
+            payload.install(merged, host, container_side, host_side, public_key, args.gpus, simgpu_build)
+            log_path = state.run_dir / f"{host}.console.log"
+            pid = hosts.start_container(host, merged, log_path)
+            data["hosts"].append({"name": host, "address": container_side, "host_address": host_side,
+                                  "nspawn_pid": pid, "log": str(log_path)})
+            state.save(data)
+        for entry in data["hosts"]:
+            hosts.configure_host_link(entry["name"], entry["host_address"], entry["address"])
+        for entry in data["hosts"]:
+            entry["init_pid"] = hosts.wait_booted(entry["name"], entry["nspawn_pid"], entry["address"],
+                                                  state.run_dir / f"{entry['name']}.console.log")
+        state.inventory.write_text(inventory.render(data["hosts"], state.key, args.gpus))
+        data["status"] = "up"
+        state.save(data)
+    except BaseException as exc:
+        _log(f"lab up failed ({exc}); cleaning up")
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        hosts.teardown(state)
+        raise
+    _log(f"{len(data['hosts'])} host(s) up: " + ", ".join(f"{h['name']}={h['address']}" for h in data["hosts"]))
+    print(state.inventory)
+    return 0
+
+
+def cmd_down(args) -> int:
+    require_root()
+    state = LabState(args.name)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    leftovers = hosts.teardown(state)
+    if leftovers:
+        raise LabError("could not remove: " + "; ".join(leftovers))
+    _log(f"lab {args.name} is down")
+    return 0
+
+
+def cmd_status(args) -> int:
+    state = LabState(args.name)
+    data = state.load()
+    if not data:
+        print(f"lab {args.name}: not up")
+        leftovers = hosts.leftover_report(state)
+        for item in leftovers:
+            print(f"  stale: {item}")
+        return 1 if leftovers else 0
+    print(f"lab {args.name}: {data.get('status')}, subnet 10.213.{data['subnet']}.0/24, {data['gpus']} GPU(s) per host")
+    for entry in data["hosts"]:
+        init_pid = hosts.container_init(entry["nspawn_pid"])
+        system = hosts.system_state(init_pid) if init_pid else "stopped"
+        print(f"  {entry['name']}: {entry['address']} nspawn={entry['nspawn_pid']} system={system}")
+    if data.get("status") == "up":
+        print(f"  inventory: {state.inventory}")
+    return 0
+
+
+def cmd_exec(args) -> int:
+    require_root()
+    argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+    if not argv:
+        raise LabError("exec needs a command after --")
+    data = LabState(args.name).load()
+    entry = next((h for h in data.get("hosts", []) if h["name"] == args.host), None)
+    if entry is None:
+        known = ", ".join(h["name"] for h in data.get("hosts", [])) or "none"
+        raise LabError(f"no host {args.host!r} in lab {args.name} (hosts: {known})")
+    init_pid = hosts.container_init(entry["nspawn_pid"])
+    if init_pid is None:
+        raise LabError(f"host {args.host} is not running")
+    os.execvp("nsenter", ["nsenter", "-t", str(init_pid), "-a", "--", *HOST_ENV, *argv])
+    return 127
+
+
+def _log(message: str) -> None:
+    print(f"lab: {message}", file=sys.stderr, flush=True)
+
+
+COMMANDS = {"image": cmd_image, "up": cmd_up, "down": cmd_down, "status": cmd_status, "exec": cmd_exec}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except LabError as exc:
+        _log(f"error: {exc}")
+        return 1
+    except Interrupted as exc:
+        _log(str(exc))
+        return 130

@@ -1,0 +1,177 @@
+"""Boot lab hosts (overlay + systemd-nspawn + veth) and tear down everything a lab made."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+from pathlib import Path
+
+from .state import LabState
+from .system import LabError, run, wait_for
+
+BOOT_TIMEOUT = 120.0
+
+
+def mount_overlay(lower: Path, host_dir: Path) -> Path:
+    upper, work, merged = host_dir / "upper", host_dir / "work", host_dir / "merged"
+    for path in (upper, work, merged):
+        path.mkdir(parents=True, exist_ok=True)
+    run(["mount", "-t", "overlay", "overlay", "-o",
+         f"lowerdir={lower},upperdir={upper},workdir={work}", str(merged)])
+    return merged
+
+
+def start_container(host: str, merged: Path, log_path: Path) -> int:
+    """Start systemd-nspawn detached in its own session; return its PID."""
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            ["systemd-nspawn", "-D", str(merged), "-M", host, "-b", "--register=no", "--keep-unit",
+             "--network-veth", "--console=read-only"],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    return proc.pid
+
+
+def container_init(nspawn_pid: int) -> int | None:
+    """PID (outside) of the container's systemd: the nspawn process's child."""
+    try:
+        children = Path(f"/proc/{nspawn_pid}/task/{nspawn_pid}/children").read_text().split()
+    except OSError:
+        return None
+    return int(children[0]) if children else None
+
+
+def link_exists(name: str) -> bool:
+    return Path(f"/sys/class/net/{name}").exists()
+
+
+def veth_name(host: str) -> str:
+    return f"ve-{host}"
+
+
+def configure_host_link(host: str, address: str, peer: str) -> None:
+    link = veth_name(host)
+    if not wait_for(lambda: link_exists(link), timeout=30):
+        raise LabError(f"{host}: veth link {link} did not appear")
+    run(["ip", "addr", "replace", address, "peer", peer, "dev", link])
+    run(["ip", "link", "set", link, "up"])
+
+
+def system_state(init_pid: int) -> str:
+    proc = run(["nsenter", "-t", str(init_pid), "-a", "systemctl", "is-system-running"], check=False)
+    return proc.stdout.strip()
+
+
+def sshd_answers(address: str) -> bool:
+    try:
+        with socket.create_connection((address, 22), timeout=1) as sock:
+            sock.settimeout(2)
+            return sock.recv(16).startswith(b"SSH-")
+    except OSError:
+        return False
+
+
+def wait_booted(host: str, nspawn_pid: int, peer: str, log_path: Path) -> int:
+    """Wait until systemd in the host reports running and sshd answers; return the init PID."""
+    init_pid: list[int] = []
+
+    def booted() -> bool:
+        if not Path(f"/proc/{nspawn_pid}").exists():
+            raise LabError(f"{host}: systemd-nspawn exited during boot; see {log_path}")
+        if not init_pid:
+            found = container_init(nspawn_pid)
+            if found is None:
+                return False
+            init_pid.append(found)
+        return system_state(init_pid[0]) in ("running", "degraded")
+
+    if not wait_for(booted, timeout=BOOT_TIMEOUT, interval=0.2):
+        raise LabError(f"{host}: systemd did not reach 'running' within {BOOT_TIMEOUT:.0f}s; see {log_path}")
+    if not wait_for(lambda: sshd_answers(peer), timeout=60, interval=0.2):
+        raise LabError(f"{host}: sshd on {peer}:22 did not answer within 60s")
+    return init_pid[0]
+
+
+def lab_nspawn_pids(state: LabState) -> list[int]:
+    """Every systemd-nspawn process booted from this lab's host directories (state file or not)."""
+    marker = f"{state.hosts_dir}/"
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv and argv[0].endswith(b"systemd-nspawn") and any(a.decode(errors="replace").startswith(marker)
+                                                                 for a in argv):
+            pids.append(int(entry.name))
+    return pids
+
+
+def lab_mounts(state: LabState) -> list[str]:
+    """Mount points under this lab's host directories, deepest first."""
+    prefix = f"{state.hosts_dir}/"
+    points = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        point = line.split()[4].replace("\\040", " ")
+        if point.startswith(prefix):
+            points.append(point)
+    return sorted(points, key=len, reverse=True)
+
+
+def lab_links(state: LabState) -> list[str]:
+    pattern = re.compile(rf"^ve-{re.escape(state.name)}\d+$")
+    try:
+        return sorted(name for name in os.listdir("/sys/class/net") if pattern.match(name))
+    except OSError:
+        return []
+
+
+def stop_containers(pids: list[int], timeout: float = 20.0) -> None:
+    """SIGTERM asks nspawn to power the container off cleanly; SIGKILL whatever is left."""
+    for pid in pids:
+        _signal(pid, signal.SIGTERM)
+    if not wait_for(lambda: not any(_alive(pid) for pid in pids), timeout=timeout):
+        for pid in pids:
+            _signal(pid, signal.SIGKILL)
+        wait_for(lambda: not any(_alive(pid) for pid in pids), timeout=10)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def teardown(state: LabState) -> list[str]:
+    """Remove everything the lab made: containers, mounts, links, directories. Returns leftovers."""
+    stop_containers(lab_nspawn_pids(state))
+    for point in lab_mounts(state):
+        if run(["umount", point], check=False).returncode != 0:
+            run(["umount", "-l", point], check=False)
+    for link in lab_links(state):
+        run(["ip", "link", "del", link], check=False)
+    leftovers = leftover_report(state)
+    if not leftovers:
+        run(["rm", "-rf", "--one-file-system", str(state.hosts_dir), str(state.run_dir)], check=False)
+    return leftovers
+
+
+def leftover_report(state: LabState) -> list[str]:
+    report = [f"process {pid} (systemd-nspawn)" for pid in lab_nspawn_pids(state)]
+    report += [f"mount {point}" for point in lab_mounts(state)]
+    report += [f"link {link}" for link in lab_links(state)]
+    return report

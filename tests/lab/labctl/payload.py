@@ -1,0 +1,87 @@
+"""What each lab host gets on top of the cached rootfs: network, SSH key, simulated GPUs and engine."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+from .image import SGLANG_VENV
+from .system import run
+
+LAB_DIR = Path(__file__).resolve().parent.parent
+SIMGPU_SRC = LAB_DIR / "simgpu"
+SIM_SRC = LAB_DIR / "sglang_sim"
+GPU_NAME = "NVIDIA H100 80GB HBM3"
+GPU_TOTAL_MIB = 81559
+SITE_PACKAGES = f"{SGLANG_VENV}/lib/python3.11/site-packages"
+
+NET_UNIT = """[Unit]
+Description=Lab network on host0
+DefaultDependencies=no
+Before=network.target ssh.service
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/usr/sbin/ip link set lo up
+ExecStart=/usr/sbin/ip addr replace {address} peer {peer} dev host0
+ExecStart=/usr/sbin/ip link set host0 up
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def build_simgpu() -> Path:
+    """Compile the simulated NVML library and nvidia-smi (make rebuilds only what changed)."""
+    run(["make", "-s", "-C", str(SIMGPU_SRC)])
+    return SIMGPU_SRC / "build"
+
+
+def gpu_lines(host: str, count: int) -> str:
+    lines = ["# index\tuuid\ttotal_mib\tname"]
+    for index in range(count):
+        gpu_uuid = uuid.uuid5(uuid.NAMESPACE_DNS, f"{host}.gpu{index}.llmops-lab")
+        lines.append(f"{index}\tGPU-{gpu_uuid}\t{GPU_TOTAL_MIB}\t{GPU_NAME}")
+    return "\n".join(lines) + "\n"
+
+
+def _write(root: Path, relative: str, content: str, mode: int = 0o644) -> None:
+    path = root / relative.lstrip("/")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(content)
+    os.chmod(path, mode)
+
+
+def _install(root: Path, source: Path, relative: str, mode: int) -> None:
+    path = root / relative.lstrip("/")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(source, path)
+    os.chmod(path, mode)
+
+
+def install(root: Path, host: str, address: str, peer: str, public_key: str, gpus: int, simgpu_build: Path) -> None:
+    """Write the per-host files into the host's merged tree (they land in its overlay's upper dir)."""
+    _write(root, "/etc/hostname", host + "\n")
+    _write(root, "/etc/hosts", f"127.0.0.1 localhost\n127.0.1.1 {host}\n")
+    _write(root, "/root/.ssh/authorized_keys", public_key, 0o600)
+    os.chmod(root / "root" / ".ssh", 0o700)
+    _write(root, "/etc/systemd/system/lab-net.service", NET_UNIT.format(address=address, peer=peer))
+    wants = root / "etc/systemd/system/multi-user.target.wants"
+    wants.mkdir(parents=True, exist_ok=True)
+    link = wants / "lab-net.service"
+    if not link.is_symlink():
+        link.symlink_to("/etc/systemd/system/lab-net.service")
+
+    _install(root, simgpu_build / "libnvidia-ml.so.1", "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1", 0o755)
+    _install(root, simgpu_build / "nvidia-smi", "/usr/bin/nvidia-smi", 0o755)
+    _install(root, SIMGPU_SRC / "simgpu-claim", "/usr/local/bin/simgpu-claim", 0o755)
+    _write(root, "/var/lib/simgpu/gpus", gpu_lines(host, gpus))
+    (root / "var/lib/simgpu/claims").mkdir(parents=True, exist_ok=True)
+
+    target = root / SITE_PACKAGES.lstrip("/") / "sglang_sim"
+    shutil.rmtree(target, ignore_errors=True)
+    shutil.copytree(SIM_SRC, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    run(["ldconfig", "-r", str(root)], check=False)

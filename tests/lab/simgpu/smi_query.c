@@ -1,0 +1,269 @@
+/* --query-gpu and --query-compute-apps: CSV rows built from NVML calls only. */
+#define _GNU_SOURCE
+#include "smi.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_FIELDS 32
+#define CELL_SIZE 256
+#define BYTES_PER_MIB (1024ULL * 1024ULL)
+
+enum unit { UNIT_NONE, UNIT_MIB, UNIT_PERCENT };
+
+struct app_row {
+    nvmlDevice_t device;
+    nvmlProcessInfo_t info;
+};
+
+struct field {
+    const char *name;
+    const char *header; /* NULL: the name itself */
+    enum unit unit;
+    void (*gpu_value)(nvmlDevice_t device, char *cell);
+    void (*app_value)(const struct app_row *row, char *cell);
+};
+
+static void gpu_index(nvmlDevice_t device, char *cell)
+{
+    unsigned index;
+    smi_check("nvmlDeviceGetIndex", nvmlDeviceGetIndex(device, &index));
+    snprintf(cell, CELL_SIZE, "%u", index);
+}
+
+static void gpu_uuid(nvmlDevice_t device, char *cell)
+{
+    smi_check("nvmlDeviceGetUUID", nvmlDeviceGetUUID(device, cell, CELL_SIZE));
+}
+
+static void gpu_name(nvmlDevice_t device, char *cell)
+{
+    smi_check("nvmlDeviceGetName", nvmlDeviceGetName(device, cell, CELL_SIZE));
+}
+
+static nvmlMemory_t memory_of(nvmlDevice_t device)
+{
+    nvmlMemory_t memory;
+    smi_check("nvmlDeviceGetMemoryInfo", nvmlDeviceGetMemoryInfo(device, &memory));
+    return memory;
+}
+
+static void memory_total(nvmlDevice_t device, char *cell)
+{
+    snprintf(cell, CELL_SIZE, "%llu", memory_of(device).total / BYTES_PER_MIB);
+}
+
+static void memory_used(nvmlDevice_t device, char *cell)
+{
+    snprintf(cell, CELL_SIZE, "%llu", memory_of(device).used / BYTES_PER_MIB);
+}
+
+static void memory_free(nvmlDevice_t device, char *cell)
+{
+    snprintf(cell, CELL_SIZE, "%llu", memory_of(device).free / BYTES_PER_MIB);
+}
+
+static void driver_version(nvmlDevice_t device, char *cell)
+{
+    (void)device;
+    smi_check("nvmlSystemGetDriverVersion", nvmlSystemGetDriverVersion(cell, CELL_SIZE));
+}
+
+static void gpu_count(nvmlDevice_t device, char *cell)
+{
+    unsigned count;
+    (void)device;
+    smi_check("nvmlDeviceGetCount", nvmlDeviceGetCount_v2(&count));
+    snprintf(cell, CELL_SIZE, "%u", count);
+}
+
+static void utilization_gpu(nvmlDevice_t device, char *cell)
+{
+    nvmlUtilization_t rates;
+    smi_check("nvmlDeviceGetUtilizationRates", nvmlDeviceGetUtilizationRates(device, &rates));
+    snprintf(cell, CELL_SIZE, "%u", rates.gpu);
+}
+
+static void utilization_memory(nvmlDevice_t device, char *cell)
+{
+    nvmlUtilization_t rates;
+    smi_check("nvmlDeviceGetUtilizationRates", nvmlDeviceGetUtilizationRates(device, &rates));
+    snprintf(cell, CELL_SIZE, "%u", rates.memory);
+}
+
+static void app_pid(const struct app_row *row, char *cell)
+{
+    snprintf(cell, CELL_SIZE, "%u", row->info.pid);
+}
+
+static void app_process_name(const struct app_row *row, char *cell)
+{
+    /* The process may exit between listing and naming it; nvidia-smi then shows a placeholder. */
+    if (nvmlSystemGetProcessName(row->info.pid, cell, CELL_SIZE) != NVML_SUCCESS)
+        snprintf(cell, CELL_SIZE, "[N/A]");
+}
+
+static void app_gpu_uuid(const struct app_row *row, char *cell)
+{
+    gpu_uuid(row->device, cell);
+}
+
+static void app_gpu_name(const struct app_row *row, char *cell)
+{
+    gpu_name(row->device, cell);
+}
+
+static void app_used_memory(const struct app_row *row, char *cell)
+{
+    snprintf(cell, CELL_SIZE, "%llu", row->info.usedGpuMemory / BYTES_PER_MIB);
+}
+
+static const struct field gpu_fields[] = {
+    {"index", NULL, UNIT_NONE, gpu_index, NULL},
+    {"uuid", NULL, UNIT_NONE, gpu_uuid, NULL},
+    {"gpu_uuid", NULL, UNIT_NONE, gpu_uuid, NULL},
+    {"name", NULL, UNIT_NONE, gpu_name, NULL},
+    {"gpu_name", NULL, UNIT_NONE, gpu_name, NULL},
+    {"memory.total", NULL, UNIT_MIB, memory_total, NULL},
+    {"memory.used", NULL, UNIT_MIB, memory_used, NULL},
+    {"memory.free", NULL, UNIT_MIB, memory_free, NULL},
+    {"driver_version", NULL, UNIT_NONE, driver_version, NULL},
+    {"count", NULL, UNIT_NONE, gpu_count, NULL},
+    {"utilization.gpu", NULL, UNIT_PERCENT, utilization_gpu, NULL},
+    {"utilization.memory", NULL, UNIT_PERCENT, utilization_memory, NULL},
+    {NULL, NULL, UNIT_NONE, NULL, NULL},
+};
+
+static const struct field app_fields[] = {
+    {"pid", NULL, UNIT_NONE, NULL, app_pid},
+    {"process_name", NULL, UNIT_NONE, NULL, app_process_name},
+    {"name", "process_name", UNIT_NONE, NULL, app_process_name},
+    {"gpu_uuid", NULL, UNIT_NONE, NULL, app_gpu_uuid},
+    {"gpu_name", NULL, UNIT_NONE, NULL, app_gpu_name},
+    {"used_memory", "used_gpu_memory", UNIT_MIB, NULL, app_used_memory},
+    {"used_gpu_memory", NULL, UNIT_MIB, NULL, app_used_memory},
+    {NULL, NULL, UNIT_NONE, NULL, NULL},
+};
+
+static const char *trim(char *text)
+{
+    while (*text == ' ')
+        text++;
+    size_t len = strlen(text);
+    while (len > 0 && text[len - 1] == ' ')
+        text[--len] = '\0';
+    return text;
+}
+
+/* Resolves every requested field before anything is printed; 0 after reporting the first unknown one. */
+static int parse_fields(const char *list, const struct field *known, const struct field **out, unsigned *count)
+{
+    char *copy = strdup(list);
+    char *cursor = copy, *token;
+    int ok = copy != NULL;
+    *count = 0;
+    while (ok && (token = strsep(&cursor, ",")) != NULL) {
+        const char *name = trim(token);
+        const struct field *match = NULL;
+        for (const struct field *f = known; f->name && !match; f++)
+            if (strcmp(f->name, name) == 0)
+                match = f;
+        if (!match || *count == MAX_FIELDS) {
+            printf("Field \"%s\" is not a valid field to query.\n\n", name);
+            ok = 0;
+        } else {
+            out[(*count)++] = match;
+        }
+    }
+    free(copy);
+    return ok;
+}
+
+static const char *unit_text(enum unit unit)
+{
+    return unit == UNIT_MIB ? "MiB" : unit == UNIT_PERCENT ? "%" : NULL;
+}
+
+static void print_header(const struct field **fields, unsigned count)
+{
+    for (unsigned i = 0; i < count; i++) {
+        const char *unit = unit_text(fields[i]->unit);
+        printf("%s%s", i ? ", " : "", fields[i]->header ? fields[i]->header : fields[i]->name);
+        if (unit)
+            printf(" [%s]", unit);
+    }
+    printf("\n");
+}
+
+static void print_cell(unsigned position, const struct field *field, const char *cell, const struct smi_format *format)
+{
+    const char *unit = unit_text(field->unit);
+    printf("%s%s", position ? ", " : "", cell);
+    if (unit && format->units)
+        printf(" %s", unit);
+}
+
+int smi_query_gpus(const struct smi_gpus *gpus, const char *list, const struct smi_format *format)
+{
+    const struct field *fields[MAX_FIELDS];
+    unsigned count;
+    char cell[CELL_SIZE];
+    if (!parse_fields(list, gpu_fields, fields, &count))
+        return SMI_EXIT_INVALID_ARGUMENT;
+    if (format->header)
+        print_header(fields, count);
+    for (unsigned g = 0; g < gpus->count; g++) {
+        for (unsigned i = 0; i < count; i++) {
+            fields[i]->gpu_value(gpus->handles[g], cell);
+            print_cell(i, fields[i], cell, format);
+        }
+        printf("\n");
+    }
+    return 0;
+}
+
+/* NVML's two-call protocol, repeated if processes appear between the calls. */
+static nvmlProcessInfo_t *compute_processes(nvmlDevice_t device, unsigned *count)
+{
+    nvmlProcessInfo_t *infos = NULL;
+    unsigned capacity = 0;
+    for (;;) {
+        *count = capacity;
+        nvmlReturn_t result = nvmlDeviceGetComputeRunningProcesses_v3(device, count, infos);
+        if (result == NVML_SUCCESS)
+            return infos;
+        free(infos);
+        if (result != NVML_ERROR_INSUFFICIENT_SIZE)
+            smi_fail("nvmlDeviceGetComputeRunningProcesses_v3", result);
+        capacity = *count + 8;
+        infos = calloc(capacity, sizeof(*infos));
+        if (!infos)
+            smi_fail("allocating the process list", NVML_ERROR_MEMORY);
+    }
+}
+
+int smi_query_compute_apps(const struct smi_gpus *gpus, const char *list, const struct smi_format *format)
+{
+    const struct field *fields[MAX_FIELDS];
+    unsigned count;
+    char cell[CELL_SIZE];
+    if (!parse_fields(list, app_fields, fields, &count))
+        return SMI_EXIT_INVALID_ARGUMENT;
+    if (format->header)
+        print_header(fields, count);
+    for (unsigned g = 0; g < gpus->count; g++) {
+        unsigned n;
+        nvmlProcessInfo_t *infos = compute_processes(gpus->handles[g], &n);
+        for (unsigned p = 0; p < n; p++) {
+            struct app_row row = {gpus->handles[g], infos[p]};
+            for (unsigned i = 0; i < count; i++) {
+                fields[i]->app_value(&row, cell);
+                print_cell(i, fields[i], cell, format);
+            }
+            printf("\n");
+        }
+        free(infos);
+    }
+    return 0;
+}

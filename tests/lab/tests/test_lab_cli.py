@@ -1,0 +1,125 @@
+"""The lab CLI: input validation, prerequisites, and that `down` leaves nothing behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+LAB_DIR = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(LAB_DIR))
+
+from labctl import cli, hosts, system  # noqa: E402
+from labctl.state import LabState, addresses  # noqa: E402
+
+LAB = [sys.executable, str(LAB_DIR / "lab")]
+
+
+def run_lab(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([*LAB, *args], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--hosts", "0"], "--hosts must be from 1 to 127, got 0"),
+        (["--hosts", "two"], "--hosts must be an integer from 1 to 127, got 'two'"),
+        (["--hosts", "128"], "--hosts must be from 1 to 127, got 128"),
+        (["--gpus", "0"], "--gpus must be from 1 to 16, got 0"),
+        (["--name", "Lab_1"], "--name must be 1-6 lowercase letters or digits"),
+        (["--name", "lab1"], "--name must be 1-6 lowercase letters or digits"),
+    ],
+)
+def test_bad_input_is_refused_before_anything_starts(args, message):
+    state = LabState("badin")
+    result = run_lab("up", "--name", "badin", *args) if "--name" not in args else run_lab("up", *args)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert not state.run_dir.exists()
+    assert not hosts.lab_nspawn_pids(state)
+
+
+def test_not_root_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(system.LabError, match="needs root"):
+        system.require_root()
+
+
+def test_missing_tools_name_the_packages(monkeypatch):
+    monkeypatch.setattr(system.shutil, "which", lambda tool: None if tool in ("debootstrap", "systemd-nspawn") else "/x")
+    with pytest.raises(system.LabError) as err:
+        system.require_tools()
+    assert "debootstrap, systemd-nspawn" in str(err.value)
+    assert "apt-get install -y debootstrap systemd-container" in str(err.value)
+
+
+def test_addresses_fill_the_24_in_pairs():
+    assert addresses(5, 1) == ("10.213.5.1", "10.213.5.2")
+    assert addresses(5, 127) == ("10.213.5.253", "10.213.5.254")
+
+
+def test_exec_names_unknown_host(capsys):
+    assert cli.main(["exec", "--name", "nolab", "ghost", "--", "true"]) == 1
+    assert "no host 'ghost' in lab nolab" in capsys.readouterr().err
+
+
+def leftovers(name: str) -> list[str]:
+    return hosts.leftover_report(LabState(name))
+
+
+@pytest.mark.lab
+def test_up_then_down_leaves_nothing():
+    name = "cleana"
+    try:
+        up = run_lab("up", "--name", name, "--hosts", "1")
+        assert up.returncode == 0, up.stderr
+        inventory = Path(up.stdout.strip().splitlines()[-1])
+        assert "ansible_host" in inventory.read_text()
+        state = LabState(name)
+        assert hosts.lab_nspawn_pids(state) and hosts.lab_mounts(state) and hosts.lab_links(state)
+        probe = run_lab("exec", "--name", name, f"{name}1", "--", "systemctl", "is-system-running")
+        assert probe.stdout.strip() in ("running", "degraded")
+    finally:
+        down = run_lab("down", "--name", name)
+    assert down.returncode == 0, down.stderr
+    assert leftovers(name) == []
+    assert not LabState(name).run_dir.exists()
+
+
+@pytest.mark.lab
+def test_up_killed_half_way_then_down_leaves_nothing():
+    name = "cleanb"
+    state = LabState(name)
+    proc = subprocess.Popen([*LAB, "up", "--name", name, "--hosts", "2"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        # Kill `up` as soon as the first container exists: mounts, links and nspawn are half made.
+        assert system.wait_for(lambda: bool(hosts.lab_nspawn_pids(state)) or proc.poll() is not None, timeout=600)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        assert leftovers(name), "the killed run should have left something for down to clean"
+    finally:
+        down = run_lab("down", "--name", name)
+    assert down.returncode == 0, down.stderr
+    assert leftovers(name) == []
+
+
+@pytest.mark.lab
+def test_up_cleans_a_stale_lab_of_the_same_name():
+    name = "cleanc"
+    try:
+        first = run_lab("up", "--name", name, "--hosts", "1")
+        assert first.returncode == 0, first.stderr
+        old_pids = hosts.lab_nspawn_pids(LabState(name))
+        second = run_lab("up", "--name", name, "--hosts", "1")
+        assert second.returncode == 0, second.stderr
+        new_pids = hosts.lab_nspawn_pids(LabState(name))
+        assert len(new_pids) == 1
+        assert not set(old_pids) & set(new_pids)
+    finally:
+        run_lab("down", "--name", name)
+    assert leftovers(name) == []
