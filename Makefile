@@ -3,14 +3,14 @@ SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 .DEFAULT_GOAL := help
 
-VENV        := .venv
+VENV        := $(CURDIR)/.venv
 BIN         := $(VENV)/bin
 PYTHON      := $(BIN)/python
 STAMP       := $(VENV)/.requirements.sha256
-LAB         := $(PYTHON) tests/lab/lab
+LAB         := tests/lab/lab
 COLLECTIONS := $(CURDIR)/build/collections
 SANITY_TREE := $(CURDIR)/build/sanity/ansible_collections/llmops/inference
-APT_PACKAGES := debootstrap systemd-container iproute2 util-linux gcc make openssh-client psmisc python3-venv rsync
+APT_PACKAGES := debootstrap systemd-container iproute2 util-linux gcc make openssh-client psmisc python3-venv
 DEMO_LAB    ?= demo
 DEMO_HOSTS  ?= 3
 
@@ -55,7 +55,8 @@ lint: ruff ansible-lint ## ruff and ansible-lint (production profile)
 
 sanity: venv ## ansible-test sanity from an ansible_collections/llmops/inference tree
 	rm -rf $(SANITY_TREE) && mkdir -p $(SANITY_TREE)
-	git ls-files -z --cached --others --exclude-standard | rsync -a --from0 --files-from=- ./ $(SANITY_TREE)/
+	git ls-files -z --cached --others --exclude-standard | tar --null -T - --ignore-failed-read -cf - 2>/dev/null | tar -xf - -C $(SANITY_TREE)
+	cd $(SANITY_TREE) && git init -q && git add -A  # ansible-test lists files with git; build/ is ignored here
 	$(PYTHON) tests/sanity/bootstrap_pip.py
 	cd $(SANITY_TREE) && $(BIN)/ansible-test sanity --color no --python 3.11 --requirements
 

@@ -63,11 +63,22 @@ class Lab:
         """Run a shell command inside a lab host (no SSH; for setting up and inspecting)."""
         return subprocess.run(
             [str(LAB_CLI), "exec", "--name", self.name, host, "--", "bash", "-c", command],
-            capture_output=True, text=True, check=check, timeout=timeout,
+            capture_output=True,
+            text=True,
+            check=check,
+            timeout=timeout,
         )
 
-    def module(self, host: str, module: str, args: dict, check: bool = False, diff: bool = False,
-               timeout: float = 600, extra_vars: dict | None = None) -> dict:
+    def module(
+        self,
+        host: str,
+        module: str,
+        args: dict,
+        check: bool = False,
+        diff: bool = False,
+        timeout: float = 600,
+        extra_vars: dict | None = None,
+    ) -> dict:
         """Run one module over SSH with ad-hoc Ansible; return its result dict (with ``_rc``).
 
         ``extra_vars`` (e.g. ``{"ansible_python_interpreter": "/opt/sglang/venv/bin/python"}``) go to ``-e``.
@@ -79,11 +90,18 @@ class Lab:
             cmd.append("--check")
         if diff:
             cmd.append("--diff")
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=self.env(), timeout=timeout)
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=self.env(), timeout=timeout, check=False)
         return parse_oneline(proc.stdout, proc.stderr, proc.returncode)
 
-    def playbook(self, playbook: str | Path, extra_vars: dict | None = None, check: bool = False,
-                 diff: bool = False, limit: str | None = None, timeout: float = 1200) -> subprocess.CompletedProcess:
+    def playbook(
+        self,
+        playbook: str | Path,
+        extra_vars: dict | None = None,
+        check: bool = False,
+        diff: bool = False,
+        limit: str | None = None,
+        timeout: float = 1200,
+    ) -> subprocess.CompletedProcess:
         cmd = ["ansible-playbook", "-i", str(self.inventory), str(playbook)]
         if extra_vars:
             cmd += ["-e", json.dumps(extra_vars)]
@@ -93,7 +111,7 @@ class Lab:
             cmd.append("--diff")
         if limit:
             cmd += ["--limit", limit]
-        return subprocess.run(cmd, capture_output=True, text=True, env=self.env(), timeout=timeout)
+        return subprocess.run(cmd, capture_output=True, text=True, env=self.env(), timeout=timeout, check=False)
 
     def reset(self) -> None:
         for host in self.hosts:
@@ -129,7 +147,10 @@ def lab():
     try:
         out = subprocess.run(
             [str(LAB_CLI), "up", "--name", name, "--hosts", str(hosts), "--gpus", str(gpus)],
-            capture_output=True, text=True, check=True, timeout=1800,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=1800,
         )
     except subprocess.CalledProcessError as exc:
         subprocess.run([str(LAB_CLI), "down", "--name", name], check=False)

@@ -12,8 +12,14 @@ from .state import MAX_HOSTS, NAME_RE, LabState, addresses, allocate_subnet, glo
 from .system import LabError, require_root, require_tools, run
 
 MAX_GPUS = 16
-HOST_ENV = ["env", "-i", "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root",
-            "LANG=C.UTF-8", "TERM=dumb"]
+HOST_ENV = [
+    "env",
+    "-i",
+    "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "HOME=/root",
+    "LANG=C.UTF-8",
+    "TERM=dumb",
+]
 
 
 class Interrupted(Exception):
@@ -33,35 +39,49 @@ def _bounded_int(flag: str, low: int, high: int):
         if not low <= value <= high:
             raise argparse.ArgumentTypeError(f"{flag} must be from {low} to {high}, got {value}")
         return value
+
     return parse
 
 
 def _lab_name(text: str) -> str:
     if not NAME_RE.match(text):
         raise argparse.ArgumentTypeError(
-            f"--name must be 1-6 lowercase letters or digits, starting and ending with a letter, got {text!r}")
+            f"--name must be 1-6 lowercase letters or digits, starting and ending with a letter, got {text!r}"
+        )
     return text
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="lab", description="Lab hosts for llmops.inference: Debian bookworm booted with systemd-nspawn "
-        "(real systemd, real sshd), simulated GPUs and a simulated SGLang engine. Run as root.")
+        prog="lab",
+        description="Lab hosts for llmops.inference: Debian bookworm booted with systemd-nspawn "
+        "(real systemd, real sshd), simulated GPUs and a simulated SGLang engine. Run as root.",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     img = sub.add_parser("image", help="build the cached rootfs (once per recipe) and print its path")
     img.add_argument("--rebuild", action="store_true", help="rebuild even when a cached rootfs exists")
 
-    for name, text in (("up", "boot hosts and write an inventory (cleans a stale lab of the same name first)"),
-                       ("down", "stop the hosts and remove every mount, link, process and file the lab made"),
-                       ("status", "show the lab's hosts")):
+    for name, text in (
+        ("up", "boot hosts and write an inventory (cleans a stale lab of the same name first)"),
+        ("down", "stop the hosts and remove every mount, link, process and file the lab made"),
+        ("status", "show the lab's hosts"),
+    ):
         cmd = sub.add_parser(name, help=text)
         cmd.add_argument("--name", type=_lab_name, default="lab", help="lab instance name (default: lab)")
         if name == "up":
-            cmd.add_argument("--hosts", type=_bounded_int("--hosts", 1, MAX_HOSTS), default=1,
-                             help=f"number of hosts, 1 to {MAX_HOSTS} (default 1)")
-            cmd.add_argument("--gpus", type=_bounded_int("--gpus", 1, MAX_GPUS), default=2,
-                             help=f"simulated GPUs per host, 1 to {MAX_GPUS} (default 2)")
+            cmd.add_argument(
+                "--hosts",
+                type=_bounded_int("--hosts", 1, MAX_HOSTS),
+                default=1,
+                help=f"number of hosts, 1 to {MAX_HOSTS} (default 1)",
+            )
+            cmd.add_argument(
+                "--gpus",
+                type=_bounded_int("--gpus", 1, MAX_GPUS),
+                default=2,
+                help=f"simulated GPUs per host, 1 to {MAX_GPUS} (default 2)",
+            )
 
     ex = sub.add_parser("exec", help="run a command inside a host (no SSH), e.g. lab exec lab1 -- systemctl status")
     ex.add_argument("--name", type=_lab_name, default="lab")
@@ -88,8 +108,14 @@ def cmd_up(args) -> int:
     try:
         with global_lock():
             hosts.teardown(state)
-            data = {"name": args.name, "subnet": allocate_subnet(args.name), "gpus": args.gpus, "hosts": [],
-                    "status": "starting", "rootfs": str(rootfs)}
+            data = {
+                "name": args.name,
+                "subnet": allocate_subnet(args.name),
+                "gpus": args.gpus,
+                "hosts": [],
+                "status": "starting",
+                "rootfs": str(rootfs),
+            }
             state.save(data)
         run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"llmops-lab-{args.name}", "-f", str(state.key)])
         public_key = state.key.with_suffix(".pub").read_text()
@@ -101,14 +127,22 @@ def cmd_up(args) -> int:
             payload.install(merged, host, container_side, host_side, public_key, args.gpus, simgpu_build)
             log_path = state.run_dir / f"{host}.console.log"
             pid = hosts.start_container(host, merged, log_path)
-            data["hosts"].append({"name": host, "address": container_side, "host_address": host_side,
-                                  "nspawn_pid": pid, "log": str(log_path)})
+            data["hosts"].append(
+                {
+                    "name": host,
+                    "address": container_side,
+                    "host_address": host_side,
+                    "nspawn_pid": pid,
+                    "log": str(log_path),
+                }
+            )
             state.save(data)
         for entry in data["hosts"]:
             hosts.configure_host_link(entry["name"], entry["host_address"], entry["address"])
         for entry in data["hosts"]:
-            entry["init_pid"] = hosts.wait_booted(entry["name"], entry["nspawn_pid"], entry["address"],
-                                                  state.run_dir / f"{entry['name']}.console.log")
+            entry["init_pid"] = hosts.wait_booted(
+                entry["name"], entry["nspawn_pid"], entry["address"], state.run_dir / f"{entry['name']}.console.log"
+            )
         state.inventory.write_text(inventory.render(data["hosts"], state.key, args.gpus))
         data["status"] = "up"
         state.save(data)

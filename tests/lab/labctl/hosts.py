@@ -19,8 +19,7 @@ def mount_overlay(lower: Path, host_dir: Path) -> Path:
     upper, work, merged = host_dir / "upper", host_dir / "work", host_dir / "merged"
     for path in (upper, work, merged):
         path.mkdir(parents=True, exist_ok=True)
-    run(["mount", "-t", "overlay", "overlay", "-o",
-         f"lowerdir={lower},upperdir={upper},workdir={work}", str(merged)])
+    run(["mount", "-t", "overlay", "overlay", "-o", f"lowerdir={lower},upperdir={upper},workdir={work}", str(merged)])
     return merged
 
 
@@ -28,9 +27,22 @@ def start_container(host: str, merged: Path, log_path: Path) -> int:
     """Start systemd-nspawn detached in its own session; return its PID."""
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
-            ["systemd-nspawn", "-D", str(merged), "-M", host, "-b", "--register=no", "--keep-unit",
-             "--network-veth", "--console=read-only"],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            [
+                "systemd-nspawn",
+                "-D",
+                str(merged),
+                "-M",
+                host,
+                "-b",
+                "--register=no",
+                "--keep-unit",
+                "--network-veth",
+                "--console=read-only",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     return proc.pid
 
@@ -106,8 +118,8 @@ def lab_nspawn_pids(state: LabState) -> list[int]:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if argv and argv[0].endswith(b"systemd-nspawn") and any(a.decode(errors="replace").startswith(marker)
-                                                                 for a in argv):
+        is_nspawn = bool(argv) and argv[0].endswith(b"systemd-nspawn")
+        if is_nspawn and any(arg.decode(errors="replace").startswith(marker) for arg in argv):
             pids.append(int(entry.name))
     return pids
 

@@ -21,8 +21,15 @@ RECIPE = {
     "variant": "minbase",
     "mirror": os.environ.get("LLMOPS_LAB_MIRROR", "http://deb.debian.org/debian"),
     "packages": [
-        "systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "python3-venv",
-        "procps", "iproute2", "psmisc",
+        "systemd",
+        "systemd-sysv",
+        "dbus",
+        "openssh-server",
+        "python3",
+        "python3-venv",
+        "procps",
+        "iproute2",
+        "psmisc",
     ],
     "venv": SGLANG_VENV,
     "wheels": ["sglang==0.5.23", "nvidia-ml-py==13.615.71"],
@@ -47,9 +54,28 @@ def ensure_wheels() -> list[Path]:
         prefix = f"{name.replace('-', '_')}-{version}-"
         found = sorted(WHEEL_DIR.glob(f"{prefix}*.whl"))
         if not found:
-            run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
-                 "--python-version", "3.11", "--implementation", "cp", "--platform", "manylinux_2_34_x86_64",
-                 "--platform", "any", "-d", str(WHEEL_DIR), spec])
+            run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    "--quiet",
+                    "--no-deps",
+                    "--only-binary=:all:",
+                    "--python-version",
+                    "3.11",
+                    "--implementation",
+                    "cp",
+                    "--platform",
+                    "manylinux_2_34_x86_64",
+                    "--platform",
+                    "any",
+                    "-d",
+                    str(WHEEL_DIR),
+                    spec,
+                ]
+            )
             found = sorted(WHEEL_DIR.glob(f"{prefix}*.whl"))
         if not found:
             raise LabError(f"could not download {spec} into {WHEEL_DIR}")
@@ -68,8 +94,16 @@ def ensure_image(rebuild: bool = False, log=print) -> Path:
     CACHE_ROOT.mkdir(parents=True, exist_ok=True)
     log(f"building lab rootfs {target} (debootstrap {RECIPE['suite']}, about two minutes)")
     try:
-        run(["debootstrap", f"--variant={RECIPE['variant']}", f"--include={','.join(RECIPE['packages'])}",
-             RECIPE["suite"], str(partial), RECIPE["mirror"]])
+        run(
+            [
+                "debootstrap",
+                f"--variant={RECIPE['variant']}",
+                f"--include={','.join(RECIPE['packages'])}",
+                RECIPE["suite"],
+                str(partial),
+                RECIPE["mirror"],
+            ]
+        )
         _install_sglang_venv(partial, wheels)
         _finish(partial)
     except BaseException:
@@ -94,8 +128,15 @@ def _install_sglang_venv(rootfs: Path, wheels: list[Path]) -> None:
     for wheel in wheels:
         shutil.copy2(wheel, staging / wheel.name)
     _in_rootfs(rootfs, "/usr/bin/python3", "-m", "venv", SGLANG_VENV)
-    _in_rootfs(rootfs, f"{SGLANG_VENV}/bin/pip", "install", "--quiet", "--no-index", "--no-deps",
-               *[f"/var/tmp/wheels/{wheel.name}" for wheel in wheels])
+    _in_rootfs(
+        rootfs,
+        f"{SGLANG_VENV}/bin/pip",
+        "install",
+        "--quiet",
+        "--no-index",
+        "--no-deps",
+        *[f"/var/tmp/wheels/{wheel.name}" for wheel in wheels],
+    )
     shutil.rmtree(staging)
 
 

@@ -10,15 +10,24 @@ SSH_ARGS = "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLe
 
 def render(hosts: list[dict], key: Path, gpus: int) -> str:
     """YAML for group ``lab``. Values are JSON-quoted, which YAML reads as plain strings."""
-    lines = ["# Written by tests/lab/lab up; removed by tests/lab/lab down.", "all:", "  children:", "    lab:",
-             "      hosts:"]
+    lines = [
+        "# Written by tests/lab/lab up; removed by tests/lab/lab down.",
+        "all:",
+        "  children:",
+        "    lab:",
+        "      hosts:",
+    ]
     for host in hosts:
-        lines += [f"        {host['name']}:",
-                  f"          ansible_host: {json.dumps(host['address'])}",
-                  f"          lab_gpu_count: {gpus}"]
-    lines += ["      vars:",
-              "        ansible_user: root",
-              f"        ansible_ssh_private_key_file: {json.dumps(str(key))}",
-              f"        ansible_ssh_common_args: {json.dumps(SSH_ARGS)}",
-              "        ansible_python_interpreter: /usr/bin/python3"]
+        lines += [
+            f"        {host['name']}:",
+            f"          ansible_host: {json.dumps(host['address'])}",
+            f"          lab_gpu_count: {gpus}",
+        ]
+    lines += [
+        "      vars:",
+        "        ansible_user: root",
+        f"        ansible_ssh_private_key_file: {json.dumps(str(key))}",
+        f"        ansible_ssh_common_args: {json.dumps(SSH_ARGS)}",
+        "        ansible_python_interpreter: /usr/bin/python3",
+    ]
     return "\n".join(lines) + "\n"

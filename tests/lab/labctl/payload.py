@@ -77,7 +77,7 @@ def install(root: Path, host: str, address: str, peer: str, public_key: str, gpu
 
     _install(root, simgpu_build / "libnvidia-ml.so.1", "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1", 0o755)
     _install(root, simgpu_build / "nvidia-smi", "/usr/bin/nvidia-smi", 0o755)
-    _install(root, SIMGPU_SRC / "simgpu-claim", "/usr/local/bin/simgpu-claim", 0o755)
+    _install(root, simgpu_build / "simgpu-claim", "/usr/local/bin/simgpu-claim", 0o755)
     _write(root, "/var/lib/simgpu/gpus", gpu_lines(host, gpus))
     (root / "var/lib/simgpu/claims").mkdir(parents=True, exist_ok=True)
 

@@ -26,7 +26,9 @@ REQUIRED_TOOLS = {
 
 def require_root() -> None:
     if os.geteuid() != 0:
-        raise LabError("the lab needs root (it mounts overlays, creates veth links and boots containers); run it as root")
+        raise LabError(
+            "the lab needs root (it mounts overlays, creates veth links and boots containers); run it as root"
+        )
 
 
 def require_tools(tools: Sequence[str] = tuple(REQUIRED_TOOLS)) -> None:

@@ -16,11 +16,11 @@ sys.path.insert(0, str(LAB_DIR))
 from labctl import cli, hosts, system  # noqa: E402
 from labctl.state import LabState, addresses  # noqa: E402
 
-LAB = [sys.executable, str(LAB_DIR / "lab")]
+LAB = [str(LAB_DIR / "lab")]
 
 
 def run_lab(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([*LAB, *args], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([*LAB, *args], capture_output=True, text=True, timeout=timeout, check=False)
 
 
 @pytest.mark.parametrize(
@@ -50,7 +50,9 @@ def test_not_root_is_a_clear_error(monkeypatch):
 
 
 def test_missing_tools_name_the_packages(monkeypatch):
-    monkeypatch.setattr(system.shutil, "which", lambda tool: None if tool in ("debootstrap", "systemd-nspawn") else "/x")
+    monkeypatch.setattr(
+        system.shutil, "which", lambda tool: None if tool in ("debootstrap", "systemd-nspawn") else "/x"
+    )
     with pytest.raises(system.LabError) as err:
         system.require_tools()
     assert "debootstrap, systemd-nspawn" in str(err.value)
@@ -94,8 +96,9 @@ def test_up_then_down_leaves_nothing():
 def test_up_killed_half_way_then_down_leaves_nothing():
     name = "cleanb"
     state = LabState(name)
-    proc = subprocess.Popen([*LAB, "up", "--name", name, "--hosts", "2"], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [*LAB, "up", "--name", name, "--hosts", "2"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
         # Kill `up` as soon as the first container exists: mounts, links and nspawn are half made.
         assert system.wait_for(lambda: bool(hosts.lab_nspawn_pids(state)) or proc.poll() is not None, timeout=600)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 SIMGPU = Path(__file__).resolve().parents[1] / "simgpu"
-CLAIM_TOOL = SIMGPU / "simgpu-claim"
+CLAIM_TOOL = SIMGPU / "simgpu_claim.py"
 MIB = 1024 * 1024
 TOTAL_MIB = 81559
 GPU_NAME = "NVIDIA H100 80GB HBM3"

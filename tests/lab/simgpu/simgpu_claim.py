@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Claim, release or hold simulated GPU memory in the simgpu state directory.
 
 simgpu-claim --gpu N --mib M [--pid PID] [--force]   claim M MiB on GPU N for PID (default: the caller)
