@@ -1,0 +1,227 @@
+"""Command line: SGLang's own flags (the ones the simulator models) plus the --sim-* knobs.
+
+Every knob also reads an environment variable SGLANG_SIM_<NAME> (e.g. --sim-load-time and
+SGLANG_SIM_LOAD_TIME); the flag wins. Faults come from --sim-fault (repeatable, or a comma list)
+together with SGLANG_SIM_FAULTS. Other SGLang flags are accepted and ignored with a warning;
+unknown --sim-* flags are an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+
+from . import faults as faults_mod
+from . import gpu_claims
+
+DEFAULT_MEM_FRACTION_STATIC = 0.85
+DEFAULT_DRAIN_TIME = 5.0
+SLOW_DRAIN_DEFAULT_DRAIN_TIME = 90.0
+FAULT_ENV_VARS = ("SGLANG_SIM_FAULTS", "SGLANG_SIM_FAULT")
+
+
+@dataclass(frozen=True)
+class Knob:
+    name: str
+    kind: type
+    default: float | int | None
+    help: str
+    minimum: float = 0.0
+    maximum: float | None = None
+
+    @property
+    def flag(self) -> str:
+        return f"--sim-{self.name}"
+
+    @property
+    def dest(self) -> str:
+        return "sim_" + self.name.replace("-", "_")
+
+    @property
+    def env(self) -> str:
+        return "SGLANG_SIM_" + self.name.replace("-", "_").upper()
+
+
+KNOBS = (
+    Knob("load-time", float, 2.0, "seconds each scheduler takes to load (claims grow over this time)"),
+    Knob("warmup-time", float, 1.0, "seconds after HTTP starts until /health turns 200"),
+    Knob("drain-time", float, None, "longest SIGTERM drain in seconds (default 5; 90 with the slow-drain fault)"),
+    Knob("token-latency-ms", float, 2.0, "milliseconds per plain decode step (one output token)"),
+    Knob("prefill-ms-per-token", float, 0.02, "milliseconds of prefill per prompt token"),
+    Knob("seed", int, 0, "seed of the accept-length noise and of sampled (temperature > 0) text"),
+    Knob("noise", float, 0.03, "relative standard deviation of each request's accept length"),
+    Knob("batch-slowdown", float, 0.0, "extra step time per other running request (0.01 = +1 percent each)"),
+    Knob("weight-fraction", float, 0.45, "model weights per scheduler as a fraction of its GPU's memory", 0.0, 1.0),
+    Knob("cuda-graph-mib", int, 256, "MiB each scheduler adds for CUDA graphs, outside --mem-fraction-static"),
+    Knob("draft-base-mib", int, 768, "MiB of draft model weights when speculative decoding is on"),
+    Knob(
+        "mem-overhead-mib-per-draft-token",
+        int,
+        1200,
+        "MiB per unit of draft depth max(draft tokens, steps x top-k), outside --mem-fraction-static",
+    ),
+    Knob(
+        "spec-accept-prob",
+        float,
+        None,
+        "per-draft-token acceptance p (default per algorithm: EAGLE 0.70, ...)",
+        0.0,
+        0.999,
+    ),
+    Knob("spec-draft-step-cost", float, 0.08, "cost of one draft step, in plain decode steps"),
+    Knob("spec-topk-cost", float, 0.15, "extra draft-step cost per additional top-k branch (fraction)"),
+    Knob("spec-verify-token-cost", float, 0.015, "verify cost per draft token, in plain decode steps"),
+)
+
+
+def _sglang_flags(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("--model-path", "--model", dest="model_path", required=True, help="model weights path or Hugging Face id")
+    add("--tokenizer-path", default=None)
+    add("--served-model-name", default=None)
+    add("--tp-size", "--tensor-parallel-size", "--tp", dest="tp_size", type=int, default=1)
+    add("--dp-size", "--data-parallel-size", dest="dp_size", type=int, default=1)
+    add("--host", default="127.0.0.1")
+    add("--port", type=int, default=30000)
+    add("--mem-fraction-static", type=float, default=None)
+    add("--context-length", type=int, default=None)
+    add("--max-running-requests", type=int, default=None)
+    add("--speculative-algorithm", default=None)
+    add("--speculative-draft-model-path", "--speculative-draft-model", dest="speculative_draft_model_path")
+    add("--speculative-num-steps", type=int, default=None)
+    add("--speculative-eagle-topk", type=int, default=None)
+    add("--speculative-num-draft-tokens", type=int, default=None)
+    add("--api-key", default=None)
+    add("--log-level", default="info", type=str.lower, choices=["debug", "info", "warning", "error", "critical"])
+    add("--trust-remote-code", action="store_true")
+    add("--enable-metrics", action="store_true")
+    add("--base-gpu-id", type=int, default=0)
+    add("--gpu-id-step", type=int, default=1)
+    add("--stream-interval", type=int, default=1)
+    add("--incremental-streaming-output", action="store_true")
+    add("--random-seed", type=int, default=None)
+    add("--skip-server-warmup", action="store_true")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m sglang_sim.launch_server",
+        description="Simulated SGLang 0.5.23 server (a test double; see tests/lab/README.md).",
+        allow_abbrev=False,
+    )
+    _sglang_flags(parser)
+    sim = parser.add_argument_group("simulator knobs (each also from env SGLANG_SIM_<NAME>; the flag wins)")
+    for knob in KNOBS:
+        sim.add_argument(knob.flag, dest=knob.dest, type=knob.kind, default=None, help=f"{knob.help} [env {knob.env}]")
+    sim.add_argument(
+        "--sim-fault",
+        dest="sim_fault",
+        action="append",
+        default=[],
+        help="fault to show (repeatable or comma list; with env SGLANG_SIM_FAULTS): "
+        + ", ".join(sorted(faults_mod.FAULTS)),
+    )
+    return parser
+
+
+def _apply_env(parser: argparse.ArgumentParser, ns: argparse.Namespace, environ: dict) -> None:
+    for knob in KNOBS:
+        if getattr(ns, knob.dest) is not None:
+            continue
+        raw = environ.get(knob.env)
+        if raw is None or raw.strip() == "":
+            setattr(ns, knob.dest, knob.default)
+            continue
+        try:
+            setattr(ns, knob.dest, knob.kind(raw.strip()))
+        except ValueError:
+            parser.error(f"environment {knob.env}: invalid {knob.kind.__name__} value: {raw!r}")
+
+
+def _validate_knobs(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
+    for knob in KNOBS:
+        value = getattr(ns, knob.dest)
+        if value is None:
+            continue
+        if value < knob.minimum:
+            parser.error(f"argument {knob.flag} ({knob.env}): must be >= {knob.minimum:g}, got {value}")
+        if knob.maximum is not None and value > knob.maximum:
+            parser.error(f"argument {knob.flag} ({knob.env}): must be <= {knob.maximum:g}, got {value}")
+
+
+def _parse_faults(parser: argparse.ArgumentParser, ns: argparse.Namespace, environ: dict) -> frozenset[str]:
+    try:
+        from_flags = faults_mod.parse_faults(ns.sim_fault)
+    except ValueError as exc:
+        parser.error(f"argument --sim-fault: {exc}")
+    from_env: frozenset[str] = frozenset()
+    for var in FAULT_ENV_VARS:
+        try:
+            from_env |= faults_mod.parse_faults([environ.get(var, "")])
+        except ValueError as exc:
+            parser.error(f"environment {var}: {exc}")
+    return from_flags | from_env
+
+
+def _validate_sglang(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
+    if not 1 <= ns.port <= 65535:
+        parser.error(f"argument --port: must be in 1..65535, got {ns.port}")
+    for flag, value in (
+        ("--tp-size", ns.tp_size),
+        ("--dp-size", ns.dp_size),
+        ("--gpu-id-step", ns.gpu_id_step),
+        ("--stream-interval", ns.stream_interval),
+    ):
+        if value < 1:
+            parser.error(f"argument {flag}: must be >= 1, got {value}")
+    if ns.base_gpu_id < 0:
+        parser.error(f"argument --base-gpu-id: must be >= 0, got {ns.base_gpu_id}")
+    if ns.mem_fraction_static is not None and not 0.0 < ns.mem_fraction_static <= 1.0:
+        parser.error(f"argument --mem-fraction-static: must be in (0, 1], got {ns.mem_fraction_static}")
+    if ns.context_length is not None and ns.context_length < 1:
+        parser.error(f"argument --context-length: must be >= 1, got {ns.context_length}")
+
+
+def _assign_gpus(parser: argparse.ArgumentParser, ns: argparse.Namespace, environ: dict) -> list[gpu_claims.SimGpu]:
+    """GPU of each scheduler rank (DP-major, then TP), as SGLang picks base_gpu_id + i * gpu_id_step."""
+    try:
+        gpus = gpu_claims.visible_gpus(gpu_claims.read_gpus(), environ.get("CUDA_VISIBLE_DEVICES"))
+    except (gpu_claims.GpuStateError, ValueError) as exc:
+        parser.error(f"simulated GPUs (SIMGPU_STATE_DIR={gpu_claims.state_dir()}): {exc}")
+    ranks = ns.tp_size * ns.dp_size
+    needed = ns.base_gpu_id + (ranks - 1) * ns.gpu_id_step + 1
+    if needed > len(gpus):
+        parser.error(
+            f"argument --tp-size: --tp-size {ns.tp_size} x --dp-size {ns.dp_size} needs {needed} GPUs "
+            f"(from --base-gpu-id {ns.base_gpu_id}, step {ns.gpu_id_step}) but this host has {len(gpus)} "
+            f"simulated GPU(s) in {gpu_claims.state_dir() / 'gpus'}"
+        )
+    return [gpus[ns.base_gpu_id + rank * ns.gpu_id_step] for rank in range(ranks)]
+
+
+def parse(argv: list[str], environ: dict | None = None) -> tuple[argparse.Namespace, list[str]]:
+    """Parse and validate; exits with status 2 and a message naming the flag on bad input.
+
+    Returns the namespace (with `faults`, `rank_gpus` and defaults filled in) and the ignored SGLang arguments.
+    """
+    environ = dict(os.environ if environ is None else environ)
+    parser = build_parser()
+    ns, ignored = parser.parse_known_args(argv)
+    unknown_sim = [arg for arg in ignored if arg.startswith("--sim-")]
+    if unknown_sim:
+        parser.error(f"unrecognized arguments: {' '.join(unknown_sim)}")
+    _apply_env(parser, ns, environ)
+    _validate_knobs(parser, ns)
+    _validate_sglang(parser, ns)
+    ns.faults = _parse_faults(parser, ns, environ)
+    if ns.sim_drain_time is None:
+        slow = faults_mod.SLOW_DRAIN in ns.faults
+        ns.sim_drain_time = SLOW_DRAIN_DEFAULT_DRAIN_TIME if slow else DEFAULT_DRAIN_TIME
+    ns.rank_gpus = _assign_gpus(parser, ns, environ)
+    ns.tokenizer_path = ns.tokenizer_path or ns.model_path
+    ns.served_model_name = ns.served_model_name or ns.model_path
+    ns.mem_fraction_static_given = ns.mem_fraction_static is not None
+    if ns.mem_fraction_static is None:
+        ns.mem_fraction_static = DEFAULT_MEM_FRACTION_STATIC
+    return ns, ignored

@@ -1,0 +1,313 @@
+"""The HTTP server: SGLang 0.5.23's native and OpenAI endpoints on a ThreadingHTTPServer."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import sys
+import threading
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Callable
+
+from . import info, metrics, openai_api
+from .engine import GenerationError, new_request, parse_sampling
+from .state import UP, ServerState
+
+OPEN_PATHS = ("/health", "/ready", "/metrics")
+GENERATION_PATHS = ("/generate", "/v1/chat/completions", "/v1/completions")
+SHUTTING_DOWN = "The server is shutting down and does not accept new requests."
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    state: ServerState
+
+    def version_string(self) -> str:
+        return "uvicorn"
+
+    # -- plumbing ---------------------------------------------------------------------------------------------
+    def log_message(self, format: str, *args) -> None:
+        return
+
+    def log_request(self, code="-", size="-") -> None:
+        status = code.value if isinstance(code, HTTPStatus) else code
+        try:
+            phrase = HTTPStatus(int(status)).phrase
+        except ValueError:
+            phrase = ""
+        sys.stderr.write(
+            f'INFO:     {self.client_address[0]}:{self.client_address[1]} - "{self.requestline}" {status} {phrase}\n'
+        )
+
+    def _send(self, status: int, body: bytes, content_type: str = "application/json") -> None:
+        self.send_response(status)
+        self.send_header("content-type", content_type)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _json(self, status: int, obj) -> None:
+        self._send(status, json.dumps(obj).encode())
+
+    def _empty(self, status: int) -> None:
+        self._send(status, b"", "text/plain; charset=utf-8")
+
+    def _read_body(self) -> bytes:
+        """Read the whole body first, so an early answer (401, 404, 503) leaves the connection reusable."""
+        try:
+            length = int(self.headers.get("content-length") or 0)
+        except ValueError:
+            self.close_connection = True
+            return b""
+        return self.rfile.read(length) if length > 0 else b""
+
+    def _body(self):
+        return json.loads(self._raw) if self._raw else {}
+
+    def _start_stream(self) -> None:
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream; charset=utf-8")
+        self.send_header("transfer-encoding", "chunked")
+        self.end_headers()
+
+    def _chunk(self, data: bytes) -> None:
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
+
+    def _event(self, obj) -> None:
+        self._chunk(b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n")
+
+    def _end_stream(self) -> None:
+        self._event(b"[DONE]")
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+    def _authorized(self, path: str) -> bool:
+        key = self.state.ns.api_key
+        if not key or self.command == "OPTIONS" or path.startswith(OPEN_PATHS):
+            return True
+        parts = (self.headers.get("authorization") or "").split(" ", 1)
+        return len(parts) == 2 and parts[0].lower() == "bearer" and secrets.compare_digest(parts[1], key)
+
+    # -- dispatch ---------------------------------------------------------------------------------------------
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+    def do_PUT(self) -> None:
+        self._dispatch("PUT")
+
+    def _dispatch(self, method: str) -> None:
+        path = self.path.split("?", 1)[0]
+        self._raw = self._read_body()
+        if not self._authorized(path):
+            self._json(401, {"error": "Unauthorized"})
+            return
+        route = self._route(method, path)
+        if route is None:
+            allowed = any(self._route(m, path) for m in ("GET", "POST", "PUT") if m != method)
+            self._json(405 if allowed else 404, {"detail": "Method Not Allowed" if allowed else "Not Found"})
+            return
+        if path in GENERATION_PATHS:
+            self._generation(route)
+        else:
+            route()
+
+    def _route(self, method: str, path: str) -> Callable[[], None] | None:
+        get = {
+            "/health": self.health,
+            "/health_generate": self.health_generate,
+            "/ready": self.ready,
+            "/model_info": self.model_info,
+            "/get_model_info": self.model_info,
+            "/server_info": self.server_info,
+            "/get_server_info": self.server_info,
+            "/v1/models": self.models,
+            "/flush_cache": self.flush_cache,
+        }
+        if self.state.ns.enable_metrics:
+            get["/metrics"] = self.metrics
+        post = {
+            "/generate": self.generate,
+            "/v1/chat/completions": self.chat,
+            "/v1/completions": self.completions,
+            "/flush_cache": self.flush_cache,
+        }
+        if method == "GET":
+            if path.startswith("/v1/models/"):
+                return self.model_card
+            return get.get(path)
+        if method == "PUT" and path == "/generate":
+            return self.generate
+        if method == "POST":
+            return post.get(path)
+        return None
+
+    def _generation(self, route: Callable[[], None]) -> None:
+        if not self.state.enter():
+            self._json(503, {"error": {"message": SHUTTING_DOWN, "type": "service_unavailable", "code": 503}})
+            return
+        try:
+            route()
+        except GenerationError as exc:
+            self._json(exc.status, {"error": {"message": str(exc)}})
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            self._json(400, {"error": {"message": f"Invalid JSON body: {exc}"}})
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+        finally:
+            self.state.leave()
+
+    # -- native endpoints -------------------------------------------------------------------------------------
+    def health(self) -> None:
+        if self.state.ns.health_generates and self.state.status == UP:
+            self.health_generate()
+            return
+        self._empty(200 if self.state.status == UP else 503)
+
+    def health_generate(self) -> None:
+        if self.state.status != UP:
+            self._empty(503)
+            return
+        done = threading.Event()
+
+        def probe() -> None:
+            request = new_request("health", None, parse_sampling({"max_new_tokens": 1, "temperature": 0.0}), False)
+            self.state.engine.generate(request)
+            done.set()
+
+        threading.Thread(target=probe, daemon=True).start()
+        self._empty(200 if done.wait(self.state.ns.health_check_timeout) else 503)
+
+    def ready(self) -> None:
+        self._empty(200 if self.state.status == UP else 503)
+
+    def model_info(self) -> None:
+        self._json(200, info.model_info(self.state.ns, self.state.model))
+
+    def server_info(self) -> None:
+        self._json(200, self.state.server_info())
+
+    def models(self) -> None:
+        self._json(200, info.model_list(self.state.ns, self.state.model))
+
+    def model_card(self) -> None:
+        name = self.path.split("?", 1)[0][len("/v1/models/") :]
+        if name != self.state.ns.served_model_name:
+            self._json(
+                404,
+                {
+                    "error": {
+                        "message": f"The model '{name}' does not exist",
+                        "type": "invalid_request_error",
+                        "param": "model",
+                        "code": "model_not_found",
+                    }
+                },
+            )
+            return
+        self._json(200, info.model_card(name, self.state.model))
+
+    def flush_cache(self) -> None:
+        self._send(
+            200,
+            b"Cache flushed.\nPlease check backend logs for more details. (When there are running or "
+            b"waiting requests, the operation will not be performed.)\n",
+            "text/plain; charset=utf-8",
+        )
+
+    def metrics(self) -> None:
+        spec = self.state.spec
+        body = metrics.render(
+            self.state.engine.stats,
+            model_name=self.state.ns.served_model_name,
+            spec_steps=spec.num_steps if spec.enabled else None,
+            spec_draft_tokens=spec.num_draft_tokens,
+            max_total_num_tokens=self.state.max_total_num_tokens,
+            used_tokens=0,
+        )
+        self._send(200, body.encode(), "text/plain; version=0.0.4; charset=utf-8")
+
+    def generate(self) -> None:
+        body = self._body()
+        if not isinstance(body, dict):
+            raise GenerationError("The request body must be a JSON object.")
+        texts = body.get("text")
+        ids = body.get("input_ids")
+        if texts is None and ids is None:
+            raise GenerationError("Either text, input_ids or input_embeds should be provided.")
+        stream = bool(body.get("stream"))
+        sampling = parse_sampling(body.get("sampling_params"))
+        if isinstance(texts, list) or (ids and isinstance(ids[0], list)):
+            if stream:
+                raise GenerationError("The simulated server streams single requests only.")
+            self._json(200, self._batch(texts, ids, sampling, body.get("rid")))
+            return
+        prompt = texts if texts is not None else " ".join(str(i) for i in ids)
+        prompt_tokens = None if texts is not None else len(ids)
+        request = new_request(prompt, prompt_tokens, sampling, stream, body.get("rid"))
+        if not stream:
+            self._json(200, self.state.engine.generate(request))
+            return
+        self.state.engine.validate(request)
+        self._start_stream()
+        final = self.state.engine.generate(request, self._event)
+        self._event(final)
+        self._end_stream()
+
+    def _batch(self, texts, ids, sampling, rids) -> list:
+        prompts = texts if texts is not None else [" ".join(str(i) for i in row) for row in ids]
+        results: list = [None] * len(prompts)
+
+        def run(index: int) -> None:
+            rid = rids[index] if isinstance(rids, list) and index < len(rids) else None
+            tokens = None if texts is not None else len(ids[index])
+            results[index] = self.state.engine.generate(new_request(prompts[index], tokens, sampling, False, rid))
+
+        threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(prompts))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return results
+
+    # -- OpenAI endpoints -------------------------------------------------------------------------------------
+    def chat(self) -> None:
+        self._openai(chat=True)
+
+    def completions(self) -> None:
+        self._openai(chat=False)
+
+    def _openai(self, chat: bool) -> None:
+        body = self._body()
+        if not isinstance(body, dict):
+            raise GenerationError("The request body must be a JSON object.")
+        if not body.get("stream"):
+            self._json(200, openai_api.complete(self.state.engine, body, self.state.ns.served_model_name, chat, None))
+            return
+        started = {"yes": False}
+
+        def send(obj: dict) -> None:
+            if not started["yes"]:
+                self._start_stream()
+                started["yes"] = True
+            self._event(obj)
+
+        openai_api.complete(self.state.engine, body, self.state.ns.served_model_name, chat, send)
+        self._end_stream()
+
+
+class SimHTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 1024
+
+
+def make_server(state: ServerState) -> SimHTTPServer:
+    """Bind now (a taken port fails before any GPU memory is claimed); listen later with server_activate()."""
+    handler = type("BoundHandler", (Handler,), {"state": state})
+    return SimHTTPServer((state.ns.host, state.ns.port), handler, bind_and_activate=False)
