@@ -11,6 +11,7 @@ import json
 import os
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -30,8 +31,8 @@ done
 rm -rf /etc/systemd/system/{TEST_UNIT_PREFIX}* /etc/systemd/system/sglang*
 systemctl daemon-reload
 pkill -KILL -f '^sglang::' 2>/dev/null
-pkill -KILL -f 'sglang_sim' 2>/dev/null
-pkill -KILL -f 'simgpu-claim' 2>/dev/null
+pkill -KILL -f '[s]glang_sim' 2>/dev/null  # bracket: do not match this script's own command line
+pkill -KILL -f '[s]imgpu-claim' 2>/dev/null
 rm -rf /var/lib/simgpu/claims/* /var/lib/llmops /run/lock/llmops*
 exit 0
 """
@@ -47,6 +48,7 @@ class Lab:
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
+        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
         env.update(
             ANSIBLE_COLLECTIONS_PATH=str(COLLECTIONS_PATH),
             ANSIBLE_HOST_KEY_CHECKING="False",

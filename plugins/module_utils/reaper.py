@@ -1,0 +1,500 @@
+# Copyright: (c) 2025, llmops.inference contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Reap the processes that hold GPU memory: scope, safety rules, signals, and the wait for release.
+
+Private to the llmops.inference collection; not a public API (the logic of the nvidia_reap module).
+
+Scope: a process is in scope when its PID is listed in ``pids``, or when it passes every one of the
+other selectors that are set (``unit`` AND ``match`` AND ``orphans_only``). Candidates are the
+in-scope processes that hold memory on the selected GPUs (or a /dev/nvidia* file, when asked),
+minus the safety exclusions, which always apply and are reported in ``excluded``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from copy import deepcopy
+from dataclasses import dataclass, field
+
+from ansible_collections.llmops.inference.plugins.module_utils.gpu import (
+    BACKENDS,
+    GpuQueryError,
+    device_holders,
+    query_gpus,
+    select_gpus,
+)
+from ansible_collections.llmops.inference.plugins.module_utils.procs import (
+    ancestors,
+    is_alive,
+    is_orphan,
+    read_process,
+    send_signal,
+    signal_name,
+    signal_number,
+    wait_for,
+)
+from ansible_collections.llmops.inference.plugins.module_utils.systemd import (
+    SystemdError,
+    list_running_units,
+    show_unit,
+    systemd_booted,
+)
+
+EXIT_POLL_S = 0.1
+MEMORY_POLL_S = 0.2
+SELECTORS = ("unit", "match", "orphans_only", "pids")
+
+
+class ReapInputError(Exception):
+    """An option is invalid; nothing was signalled. The message starts with the option's name."""
+
+    def __init__(self, option: str, message: str):
+        self.option = option
+        super().__init__(f"{option}: {message}")
+
+
+class ReapError(Exception):
+    """Reaping could not finish; ``result`` holds what was done so far."""
+
+    def __init__(self, message: str, result: dict | None = None):
+        self.result = result or {}
+        super().__init__(message)
+
+
+@dataclass
+class ReapOptions:
+    unit: str | None = None
+    allow_active: bool = False
+    match: re.Pattern | None = None
+    orphans_only: bool = False
+    pids: tuple = ()
+    gpus: tuple = ()
+    include_device_holders: bool = False
+    backend: str = "auto"
+    signal: int = signal.SIGTERM
+    grace: float = 10.0
+    wait_released: bool = True
+    released_below_mib: int | None = None
+    timeout: float = 60.0
+
+
+def _non_negative(params: dict, option: str, default: float) -> float:
+    value = params.get(option)
+    if value is None:
+        return default
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ReapInputError(option, f"must be a number of seconds >= 0, got {value!r}") from None
+    if number < 0:
+        raise ReapInputError(option, f"must be >= 0 seconds, got {value!r}")
+    return number
+
+
+def _pids(value) -> tuple:
+    pids = []
+    for item in value or ():
+        try:
+            pid = int(str(item).strip())
+        except ValueError:
+            raise ReapInputError("pids", f"{item!r} is not a process ID; give positive integers") from None
+        if pid <= 0:
+            raise ReapInputError("pids", f"{pid} is not a process ID; give positive integers")
+        if pid == 1:
+            raise ReapInputError("pids", "PID 1 (the init system) is never reaped; remove it from the list")
+        if pid not in pids:
+            pids.append(pid)
+    return tuple(pids)
+
+
+def parse_options(params: dict) -> ReapOptions:
+    """Validate the options that need no look at the host; raise ReapInputError naming the option."""
+    pids = _pids(params.get("pids"))
+    unit = (params.get("unit") or "").strip() or None
+    pattern = params.get("match")
+    match = None
+    if pattern not in (None, ""):
+        try:
+            match = re.compile(pattern)
+        except re.error as exc:
+            raise ReapInputError("match", f"{pattern!r} is not a valid regular expression: {exc}") from None
+    orphans_only = bool(params.get("orphans_only"))
+    if not (unit or match or orphans_only or pids):
+        raise ReapInputError(
+            "unit",
+            "no scope selector given; set at least one of unit, match, orphans_only (true) or pids",
+        )
+    backend = params.get("backend") or "auto"
+    if backend not in BACKENDS:
+        raise ReapInputError("backend", f"{backend!r} is not one of {', '.join(BACKENDS)}")
+    try:
+        signum = signal_number(params.get("signal") or "SIGTERM")
+    except ValueError as exc:
+        raise ReapInputError("signal", str(exc)) from None
+    below = params.get("released_below_mib")
+    if below is not None and int(below) < 0:
+        raise ReapInputError("released_below_mib", f"must be >= 0 MiB, got {below!r}")
+    return ReapOptions(
+        unit=unit,
+        allow_active=bool(params.get("allow_active")),
+        match=match,
+        orphans_only=orphans_only,
+        pids=pids,
+        gpus=tuple(params.get("gpus") or ()),
+        include_device_holders=bool(params.get("include_device_holders")),
+        backend=backend,
+        signal=signum,
+        grace=_non_negative(params, "grace", 10.0),
+        wait_released=params.get("wait_released", True) is not False,
+        released_below_mib=None if below is None else int(below),
+        timeout=_non_negative(params, "timeout", 60.0),
+    )
+
+
+@dataclass
+class Holding:
+    """What one process holds: GPU indices with memory, and /dev/nvidia* files."""
+
+    gpus: list = field(default_factory=list)
+    used_mib: int | None = None
+    device_files: list = field(default_factory=list)
+
+
+@dataclass
+class Candidate:
+    proc: object
+    holding: Holding
+    signals: list = field(default_factory=list)
+    exited: bool = False
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def as_dict(self) -> dict:
+        return {
+            "pid": self.proc.pid,
+            "title": self.proc.title,
+            "cmdline": self.proc.cmdline,
+            "unit": self.proc.unit,
+            "gpus": list(self.holding.gpus),
+            "used_mib": self.holding.used_mib,
+            "device_files": list(self.holding.device_files),
+            "signals": list(self.signals),
+            "exited": self.exited,
+        }
+
+
+@dataclass
+class Plan:
+    backend: str
+    gpus: list
+    candidates: list
+    excluded: list
+    unit_state: object = None
+    warnings: list = field(default_factory=list)
+
+
+def holdings(gpus: list, device_files: dict) -> dict:
+    """{pid: Holding} from the selected GPUs' process lists and the /dev/nvidia* holders."""
+    held = {}
+    for gpu in gpus:
+        for proc in gpu.processes:
+            holding = held.setdefault(proc.pid, Holding())
+            holding.gpus.append(gpu.index)
+            if proc.used_mib is not None:
+                holding.used_mib = (holding.used_mib or 0) + proc.used_mib
+    for pid, paths in device_files.items():
+        held.setdefault(pid, Holding()).device_files = list(paths)
+    return held
+
+
+def render_gpus(gpus: list) -> str:
+    """Text for diff mode: one line per GPU, one indented line per holder."""
+    lines = []
+    for gpu in gpus:
+        lines.append(f"GPU {gpu.index} {gpu.uuid}: {_mib(gpu.used_mib)} / {_mib(gpu.total_mib)} MiB used")
+        lines.extend(f"  pid {proc.pid}: {_mib(proc.used_mib)} MiB" for proc in gpu.processes)
+    return "\n".join(lines) + "\n"
+
+
+def _mib(value) -> str:
+    return "?" if value is None else str(value)
+
+
+def _used_total(gpus: list) -> int | None:
+    values = [gpu.used_mib for gpu in gpus]
+    return None if any(value is None for value in values) else sum(values)
+
+
+class GpuReaper:
+    """Plans and carries out one reap. Every effect goes through injectable callables, for tests."""
+
+    def __init__(
+        self,
+        options: ReapOptions,
+        run_command,
+        *,
+        proc_root: str = "/proc",
+        own_pid: int | None = None,
+        kill=send_signal,
+        clock=time.monotonic,
+        sleep=time.sleep,
+        query=query_gpus,
+        holders=device_holders,
+        booted=systemd_booted,
+    ):
+        self.options = options
+        self.run_command = run_command
+        self.proc_root = proc_root
+        self.own_pid = os.getpid() if own_pid is None else own_pid
+        self.kill = kill
+        self.clock = clock
+        self.sleep = sleep
+        self.query = query
+        self.holders = holders
+        self.booted = booted
+
+    # -- planning ------------------------------------------------------------------------------
+
+    def _query_selected(self) -> tuple:
+        backend, gpus = self.query(self.options.backend, self.run_command)
+        try:
+            return backend, select_gpus(gpus, self.options.gpus)
+        except ValueError as exc:
+            raise ReapInputError("gpus", str(exc)) from None
+
+    def _units(self) -> tuple:
+        """(target UnitState or None, {running unit: state}); refuses a running target unit."""
+        if not self.booted():
+            if self.options.unit:
+                raise ReapInputError("unit", "systemd is not the init system on this host, so there are no units")
+            return None, {}
+        try:
+            running = list_running_units(self.run_command)
+            state = show_unit(self.run_command, self.options.unit) if self.options.unit else None
+        except SystemdError as exc:
+            raise ReapError(str(exc)) from None
+        if state is not None and state.is_running and not self.options.allow_active:
+            raise ReapInputError(
+                "unit",
+                f"{state.name} is {state.active_state} ({state.sub_state}); stop it first, "
+                "or set allow_active: true to reap the processes of a running unit",
+            )
+        return state, running
+
+    def _in_scope(self, proc, unit_name: str | None) -> bool:
+        if proc.pid in self.options.pids:
+            return True
+        filters = []
+        if unit_name:
+            filters.append(proc.in_unit(unit_name))
+        if self.options.match is not None:
+            filters.append(bool(self.options.match.search(proc.title) or self.options.match.search(proc.cmdline)))
+        if self.options.orphans_only:
+            filters.append(is_orphan(proc, self.proc_root))
+        return bool(filters) and all(filters)
+
+    def _exclusion(self, proc, unit_name: str | None, running: dict, protected: set) -> str | None:
+        """Why a process in scope must not be signalled, or None. These rules always apply."""
+        if proc.pid == 1:
+            return "PID 1 (the init system) is never signalled"
+        if proc.pid == self.own_pid:
+            return "the module's own process"
+        if proc.pid in protected:
+            return "an ancestor of the module's process"
+        if proc.is_kernel_thread:
+            return "kernel thread"
+        if not proc.is_alive:
+            return f"already exited (state {proc.state})"
+        owner = proc.unit
+        if owner and owner != unit_name and owner in running and proc.pid not in self.options.pids:
+            return f"belongs to {running[owner]} unit {owner}; list its PID in pids to reap it anyway"
+        return None
+
+    def plan(self) -> Plan:
+        unit_state, running = self._units()
+        unit_name = unit_state.name if unit_state else None
+        backend, gpus = self._query_selected()
+        device_files = self.holders(self.proc_root) if self.options.include_device_holders else {}
+        held = holdings(gpus, device_files)
+        protected = set(ancestors(self.own_pid, self.proc_root))
+        warnings = []
+        if unit_state is not None and unit_state.load_state not in ("loaded", ""):
+            warnings.append(f"unit {unit_name} is not loaded (LoadState={unit_state.load_state})")
+        candidates, excluded = [], []
+        for pid in sorted(set(held) | set(self.options.pids)):
+            proc = read_process(pid, self.proc_root)
+            if proc is None:
+                if pid in self.options.pids:
+                    excluded.append({"pid": pid, "reason": "no such process"})
+                continue
+            if not self._in_scope(proc, unit_name):
+                continue
+            reason = self._exclusion(proc, unit_name, running, protected)
+            if reason is None and pid not in held:
+                reason = "holds no memory on the selected GPUs"
+            if reason:
+                excluded.append({"pid": pid, "reason": reason})
+            else:
+                candidates.append(Candidate(proc, held[pid]))
+        return Plan(backend, gpus, candidates, excluded, unit_state, warnings)
+
+    # -- acting --------------------------------------------------------------------------------
+
+    def _alive(self, candidate: Candidate) -> bool:
+        alive = is_alive(candidate.pid, self.proc_root, candidate.proc.start_time)
+        candidate.exited = not alive
+        return alive
+
+    def _signal(self, candidate: Candidate, signum: int) -> None:
+        """Signal a candidate that is still the same process (its start time guards against PID reuse)."""
+        if not self._alive(candidate):
+            return
+        try:
+            delivered = self.kill(candidate.pid, signum)
+        except PermissionError:
+            raise ReapError(
+                f"not permitted to signal pid {candidate.pid} ({candidate.proc.title}); run as root"
+            ) from None
+        if delivered:
+            candidate.signals.append(signal_name(signum))
+        else:
+            candidate.exited = True
+
+    def _all_exited(self, candidates: list) -> bool:
+        return not [c for c in candidates if self._alive(c)]
+
+    def _still_held(self, plan: Plan, reaped_pids: set) -> tuple:
+        """(current selected GPUs, list of reasons memory is not yet released)."""
+        gpus = self.query(plan.backend, self.run_command)[1]
+        wanted = {gpu.uuid for gpu in plan.gpus}
+        gpus = [gpu for gpu in gpus if gpu.uuid in wanted]
+        reasons = []
+        for gpu in gpus:
+            reasons.extend(
+                f"pid {proc.pid} still holds {_mib(proc.used_mib)} MiB on GPU {gpu.index}"
+                for proc in gpu.processes
+                if proc.pid in reaped_pids
+            )
+            below = self.options.released_below_mib
+            if below is not None and (gpu.used_mib is None or gpu.used_mib > below):
+                holders = ", ".join(str(proc.pid) for proc in gpu.processes) or "no listed process"
+                reasons.append(
+                    f"GPU {gpu.index} uses {_mib(gpu.used_mib)} MiB > released_below_mib {below} (holders: {holders})"
+                )
+        if self.options.include_device_holders:
+            open_files = self.holders(self.proc_root)
+            reasons.extend(
+                f"pid {pid} still has {', '.join(open_files[pid])} open" for pid in reaped_pids & set(open_files)
+            )
+        return gpus, reasons
+
+    def _pids_to_watch(self, candidates: list) -> set:
+        """The candidates' PIDs, minus any now taken by a different process (a reused PID)."""
+        watched = set()
+        for candidate in candidates:
+            proc = read_process(candidate.pid, self.proc_root)
+            if proc is None or proc.start_time == candidate.proc.start_time:
+                watched.add(candidate.pid)
+        return watched
+
+    def _wait_released(self, plan: Plan, timeout: float) -> tuple:
+        state = {}
+
+        def released() -> bool:
+            state["gpus"], state["reasons"] = self._still_held(plan, self._pids_to_watch(plan.candidates))
+            return not state["reasons"]
+
+        wait_for(released, timeout, MEMORY_POLL_S, self.clock, self.sleep)
+        return state["gpus"], state["reasons"]
+
+    def run(self, check_mode: bool = False) -> dict:
+        """Plan, then (outside check mode) signal, wait, and verify; return the module result.
+
+        Raises ReapInputError for bad options (nothing signalled), ReapError when reaping could not
+        finish; its ``result`` then holds what was done.
+        """
+        started = self.clock()
+        try:
+            plan = self.plan()
+        except GpuQueryError as exc:
+            raise ReapError(str(exc)) from None
+        result = {
+            "backend": plan.backend,
+            "excluded": plan.excluded,
+            "unkillable": [],
+            "gpus_before": [gpu.as_dict() for gpu in plan.gpus],
+            "warnings": list(plan.warnings),
+        }
+        if plan.unit_state is not None:
+            result["unit_state"] = plan.unit_state.as_dict()
+        failure = None
+        if check_mode:
+            gpus_after, shown_after = plan.gpus, _without(plan.gpus, {c.pid for c in plan.candidates})
+        else:
+            try:
+                gpus_after, failure = self._reap(plan, result)
+            except (GpuQueryError, ReapError) as exc:
+                gpus_after, failure = plan.gpus, str(exc)
+            shown_after = gpus_after
+        before_total, after_total = _used_total(plan.gpus), _used_total(gpus_after)
+        result.update(
+            changed=bool(plan.candidates) if check_mode else any(c.signals for c in plan.candidates),
+            reaped=[c.as_dict() for c in plan.candidates],
+            gpus_after=[gpu.as_dict() for gpu in gpus_after],
+            released_mib=None if None in (before_total, after_total) else max(before_total - after_total, 0),
+            elapsed_s=round(self.clock() - started, 3),
+            diff={
+                "before_header": "GPU memory before",
+                "after_header": "GPU memory after",
+                "before": render_gpus(plan.gpus),
+                "after": render_gpus(shown_after),
+            },
+        )
+        if failure:
+            raise ReapError(failure, result)
+        return result
+
+    def _reap(self, plan: Plan, result: dict) -> tuple:
+        """Signal, escalate, wait for exits and release. Returns (GPUs after, failure message or None)."""
+        options = self.options
+        candidates = plan.candidates
+        for candidate in candidates:
+            self._signal(candidate, options.signal)
+        if candidates and options.signal != signal.SIGKILL:
+            exited = wait_for(lambda: self._all_exited(candidates), options.grace, EXIT_POLL_S, self.clock, self.sleep)
+            if not exited:
+                for candidate in candidates:
+                    self._signal(candidate, signal.SIGKILL)
+        deadline = self.clock() + options.timeout
+        if candidates:
+            wait_for(lambda: self._all_exited(candidates), options.timeout, EXIT_POLL_S, self.clock, self.sleep)
+        for candidate in candidates:
+            proc = read_process(candidate.pid, self.proc_root)
+            if not candidate.exited and proc is not None:
+                result["unkillable"].append({"pid": candidate.pid, "title": candidate.proc.title, "state": proc.state})
+        if result["unkillable"]:
+            listed = ", ".join(f"{entry['pid']} (state {entry['state']})" for entry in result["unkillable"])
+            result["warnings"].append(f"still alive after SIGKILL: {listed}")
+        if not options.wait_released:
+            return self._still_held(plan, set())[0], None
+        gpus, reasons = self._wait_released(plan, max(deadline - self.clock(), 0))
+        if reasons:
+            return gpus, f"GPU memory not released within timeout {options.timeout:g}s: " + "; ".join(reasons)
+        return gpus, None
+
+
+def _without(gpus: list, pids: set) -> list:
+    """GPUs as they would look once ``pids`` released their memory (the check-mode prediction)."""
+    predicted = deepcopy(gpus)
+    for gpu in predicted:
+        freed = sum(proc.used_mib or 0 for proc in gpu.processes if proc.pid in pids)
+        gpu.processes = [proc for proc in gpu.processes if proc.pid not in pids]
+        if gpu.used_mib is not None:
+            gpu.used_mib -= freed
+    return predicted

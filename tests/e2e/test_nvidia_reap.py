@@ -1,0 +1,224 @@
+"""nvidia_reap on real systemd: failure 1 (orphaned schedulers keep GPU memory after a KillMode=process stop).
+
+Bystanders that must survive every run: `t-foreign.service`, an active unit whose GPU holder is titled
+`sglang::foreign` (so a `^sglang::` pattern matches it and only the other-unit rule protects it), and a
+plain `simgpu-claim` started with setsid outside every unit and selector.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+import pytest
+
+pytestmark = pytest.mark.lab
+
+MODULE = "llmops.inference.nvidia_reap"
+VENV_PYTHON = "/opt/sglang/venv/bin/python"
+PORT = 30000
+GRACE = 2
+
+REAP_UNIT = f"""\
+[Unit]
+Description=nvidia_reap test server (KillMode=process leaves its schedulers behind)
+
+[Service]
+Environment=SGLANG_SIM_FAULTS=orphan-schedulers
+ExecStart={VENV_PYTHON} -m sglang_sim.launch_server --model-path /models/test --tp-size 2 --host 127.0.0.1 --port {PORT}
+KillMode=process
+TimeoutStopSec=60
+"""
+
+FOREIGN_UNIT = """\
+[Unit]
+Description=Someone else's GPU job
+
+[Service]
+ExecStart=/bin/bash -c 'exec -a sglang::foreign /usr/bin/python3 /usr/local/bin/simgpu-claim --hold --gpu 0 --mib 1000'
+"""
+
+WAIT_HEALTHY = f"""
+import sys, time, urllib.request
+deadline = time.monotonic() + 120
+while time.monotonic() < deadline:
+    try:
+        with urllib.request.urlopen("http://127.0.0.1:{PORT}/health", timeout=2) as answer:
+            if answer.status == 200:
+                sys.exit(0)
+    except Exception:
+        pass
+    time.sleep(0.2)
+sys.exit(1)
+"""
+
+WAIT_HOLDER = """
+for _ in $(seq 1 100); do
+  nvidia-smi --query-compute-apps=pid --format=csv,noheader,nounits | grep -qx "$1" && exit 0
+  sleep 0.1
+done
+echo "pid $1 never held GPU memory"; exit 1
+"""
+
+WAIT_UNIT_DOWN = """
+for _ in $(seq 1 600); do
+  state=$(systemctl show -P ActiveState "$1")
+  case "$state" in inactive|failed) echo "$state"; exit 0;; esac
+  sleep 0.2
+done
+echo "still $state"; exit 1
+"""
+
+
+def sh(lab, host, command: str, timeout: float = 180) -> str:
+    proc = lab.exec(host, command, timeout=timeout)
+    assert proc.returncode == 0, f"{command!r} failed (rc={proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
+def install_unit(lab, host, name: str, text: str) -> None:
+    sh(lab, host, f"cat > /etc/systemd/system/{name} <<'EOF'\n{text}EOF\nsystemctl daemon-reload")
+
+
+def pids(lab, host, pattern: str) -> list:
+    """PIDs whose command line matches ``pattern``; anchor it or bracket a letter so the shell does not match."""
+    proc = lab.exec(host, f"pgrep -f {shlex.quote(pattern)} || true")
+    return sorted(int(pid) for pid in proc.stdout.split())
+
+
+def alive(lab, host, pid: int) -> bool:
+    return lab.exec(host, f"test -d /proc/{pid} && ! grep -q '^[^)]*) [ZX]' /proc/{pid}/stat").returncode == 0
+
+
+def gpu_used(lab, host) -> list:
+    out = sh(lab, host, "nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits")
+    return [int(line) for line in out.split()]
+
+
+def start_healthy(lab, host) -> None:
+    sh(lab, host, "systemctl start t-reap.service")
+    proc = lab.exec(host, f"python3 - <<'EOF'\n{WAIT_HEALTHY}\nEOF", timeout=180)
+    journal = lab.exec(host, "journalctl -u t-reap.service --no-pager -n 30").stdout
+    assert proc.returncode == 0, f"t-reap.service never answered /health 200:\n{journal}"
+
+
+def stop_leaving_orphans(lab, host) -> list:
+    """Start the server, stop it, and return the schedulers KillMode=process left behind."""
+    start_healthy(lab, host)
+    sh(lab, host, "systemctl stop t-reap.service")
+    orphans = pids(lab, host, "^sglang::scheduler_TP")
+    assert len(orphans) == 2, f"expected 2 orphaned schedulers, found {orphans}"
+    return orphans
+
+
+@pytest.fixture
+def bystanders(clean_lab):
+    """The foreign unit and the plain holder; yields (host, foreign_pid, plain_pid)."""
+    lab = clean_lab
+    host = lab.hosts[0]
+    install_unit(lab, host, "t-foreign.service", FOREIGN_UNIT)
+    install_unit(lab, host, "t-reap.service", REAP_UNIT)
+    sh(lab, host, "systemctl start t-foreign.service")
+    plain = int(sh(lab, host, "setsid simgpu-claim --hold --gpu 1 --mib 500 </dev/null >/dev/null 2>&1 & echo $!"))
+    try:
+        foreign = int(sh(lab, host, "systemctl show -P MainPID t-foreign.service"))
+        for pid in (foreign, plain):
+            sh(lab, host, f"bash -c {shlex.quote(WAIT_HOLDER)} _ {pid}")
+        yield host, foreign, plain
+    finally:
+        lab.exec(host, f"kill -KILL {plain}")
+
+
+def assert_bystanders_alive(lab, host, foreign: int, plain: int) -> None:
+    assert alive(lab, host, foreign), "the foreign unit's GPU process was killed"
+    assert alive(lab, host, plain), "the plain GPU process outside every selector was killed"
+    assert sh(lab, host, "systemctl is-active t-foreign.service").strip() == "active"
+
+
+def test_reap_unit_leftovers_after_killmode_process_stop(clean_lab, bystanders):
+    lab = clean_lab
+    host, foreign, plain = bystanders
+    orphans = stop_leaving_orphans(lab, host)
+    used = gpu_used(lab, host)
+    assert used[0] > 1000 + 1 and used[1] > 500 + 1, f"orphans should hold memory: {used}"
+
+    # Failure 1: the next start runs out of GPU memory and fails.
+    sh(lab, host, "systemctl start t-reap.service")
+    down = lab.exec(host, f"bash -c {shlex.quote(WAIT_UNIT_DOWN)} _ t-reap.service", timeout=180)
+    assert down.stdout.strip() == "failed", down.stdout + down.stderr
+
+    args = {"unit": "t-reap.service", "match": "^sglang::", "grace": GRACE, "timeout": 30}
+    holders = pids(lab, host, "^sglang::")
+    assert set(orphans) <= set(holders)
+    preview = lab.module(host, MODULE, args, check=True, diff=True)
+    assert preview["_rc"] == 0, preview
+    assert preview["changed"] is True
+    assert set(orphans) <= {entry["pid"] for entry in preview["reaped"]} <= set(holders)
+    assert all(entry["signals"] == [] for entry in preview["reaped"])
+    assert all(alive(lab, host, pid) for pid in orphans), "check mode must not signal"
+    orphans = sorted(entry["pid"] for entry in preview["reaped"])
+
+    result = lab.module(host, MODULE, args)
+    assert result["_rc"] == 0, result
+    assert result["changed"] is True
+    assert result["backend"] == "nvidia-smi", "the default interpreter has no pynvml"
+    reaped = {entry["pid"]: entry for entry in result["reaped"]}
+    assert sorted(reaped) == orphans
+    assert all(entry["signals"] == ["SIGTERM", "SIGKILL"] and entry["exited"] for entry in reaped.values())
+    assert result["unkillable"] == []
+    assert result["elapsed_s"] <= GRACE + 1.0, f"took {result['elapsed_s']}s for grace {GRACE}s"
+    print(f"nvidia_reap: SIGTERM-ignoring schedulers reaped in {result['elapsed_s']}s with grace {GRACE}s")
+    assert [gpu["used_mib"] for gpu in result["gpus_after"]] == [1 + 1000, 1 + 500]
+    assert result["released_mib"] > 0
+    assert not any(alive(lab, host, pid) for pid in orphans)
+
+    again = lab.module(host, MODULE, args)
+    assert again["_rc"] == 0 and again["changed"] is False and again["reaped"] == [], again
+
+    start_healthy(lab, host)
+    assert_bystanders_alive(lab, host, foreign, plain)
+
+
+def test_reap_orphaned_schedulers_by_pattern_through_nvml(clean_lab, bystanders):
+    lab = clean_lab
+    host, foreign, plain = bystanders
+    orphans = stop_leaving_orphans(lab, host)
+    venv = {"ansible_python_interpreter": VENV_PYTHON}
+    args = {"match": "^sglang::", "orphans_only": True, "gpus": ["0", "1"], "grace": GRACE, "released_below_mib": 1100}
+
+    result = lab.module(host, MODULE, args, extra_vars=venv)
+    assert result["_rc"] == 0, result
+    assert result["backend"] == "nvml"
+    assert sorted(entry["pid"] for entry in result["reaped"]) == orphans
+    excluded = {entry["pid"]: entry["reason"] for entry in result["excluded"]}
+    assert "t-foreign.service" in excluded.get(foreign, ""), result["excluded"]
+    assert plain not in excluded, "a process outside every selector is not in scope"
+
+    again = lab.module(host, MODULE, args, extra_vars=venv)
+    assert again["_rc"] == 0 and again["changed"] is False, again
+    assert_bystanders_alive(lab, host, foreign, plain)
+
+
+BAD_INPUTS = [
+    ({"gpus": ["7"]}, "gpus"),
+    ({"gpus": ["GPU-00000000-dead-beef-0000-000000000000"]}, "gpus"),
+    ({"grace": -1}, "grace"),
+    ({"timeout": -5}, "timeout"),
+    ({"match": "(sglang"}, "match"),
+    ({"pids": [1]}, "pids"),
+]
+
+
+def test_bad_input_fails_naming_the_option_and_signals_nothing(clean_lab, bystanders):
+    lab = clean_lab
+    host, foreign, plain = bystanders
+    for args, option in BAD_INPUTS:
+        result = lab.module(host, MODULE, {"pids": [plain], **args})
+        assert result["_rc"] != 0 and result["_status"].startswith("FAILED"), (args, result)
+        assert result["msg"].startswith(f"{option}: "), (args, result["msg"])
+    no_selector = lab.module(host, MODULE, {"orphans_only": False, "grace": 1})
+    assert no_selector["_status"].startswith("FAILED"), no_selector
+    assert no_selector["msg"].startswith("unit: no scope selector given"), no_selector
+    running = lab.module(host, MODULE, {"unit": "t-foreign.service"})
+    assert running["_status"].startswith("FAILED"), running
+    assert running["msg"].startswith("unit: t-foreign.service is active"), running
+    assert_bystanders_alive(lab, host, foreign, plain)

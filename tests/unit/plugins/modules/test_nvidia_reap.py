@@ -1,0 +1,102 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+from ansible.module_utils.testing import patch_module_args
+
+from ansible_collections.llmops.inference.plugins.module_utils.reaper import ReapError
+from ansible_collections.llmops.inference.plugins.modules import nvidia_reap
+
+
+def run_module(capsys, args: dict) -> dict:
+    with patch_module_args(args), pytest.raises(SystemExit):
+        nvidia_reap.main()
+    return json.loads(capsys.readouterr().out)
+
+
+class FakeReaper:
+    """Stands in for GpuReaper: records how it was called and returns or raises a canned outcome."""
+
+    outcome = None
+    seen = {}
+
+    def __init__(self, options, run_command):
+        FakeReaper.seen = {"options": options, "run_command": run_command}
+
+    def run(self, check_mode=False):
+        FakeReaper.seen["check_mode"] = check_mode
+        if isinstance(FakeReaper.outcome, Exception):
+            raise FakeReaper.outcome
+        return dict(FakeReaper.outcome)
+
+
+@pytest.fixture
+def fake_reaper(monkeypatch):
+    monkeypatch.setattr(nvidia_reap, "GpuReaper", FakeReaper)
+    FakeReaper.seen = {}
+    FakeReaper.outcome = {
+        "changed": True,
+        "reaped": [{"pid": 101}],
+        "warnings": ["still alive after SIGKILL: 101 (state D)"],
+        "diff": {"before": "GPU 0\n", "after": "GPU 0\n"},
+    }
+    return FakeReaper
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ({}, "unit: no scope selector given"),
+        ({"unit": "t-reap.service", "grace": -1}, "grace: must be >= 0 seconds"),
+        ({"unit": "t-reap.service", "timeout": -3}, "timeout: must be >= 0 seconds"),
+        ({"match": "[sglang"}, "match: '[sglang' is not a valid regular expression"),
+        ({"pids": [1, 42]}, "pids: PID 1 (the init system) is never reaped"),
+        ({"pids": [0]}, "pids: 0 is not a process ID"),
+    ],
+)
+def test_bad_input_fails_naming_the_option(capsys, fake_reaper, args, message):
+    result = run_module(capsys, args)
+    assert result["failed"] is True
+    assert result["changed"] is False
+    assert result["msg"].startswith(message)
+    assert result["option"] == message.split(":")[0]
+    assert fake_reaper.seen == {}, "nothing may run after a validation error"
+
+
+def test_success_passes_check_mode_and_hides_diff_unless_asked(capsys, fake_reaper):
+    result = run_module(capsys, {"unit": "t-reap.service", "match": "^sglang::", "_ansible_check_mode": True})
+    assert fake_reaper.seen["check_mode"] is True
+    assert fake_reaper.seen["options"].unit == "t-reap.service"
+    assert result["changed"] is True
+    assert "diff" not in result
+    assert "still alive after SIGKILL: 101 (state D)" in json.dumps(result["warnings"])
+
+
+def test_diff_mode_returns_the_memory_diff(capsys, fake_reaper):
+    result = run_module(capsys, {"pids": [101], "_ansible_diff": True})
+    assert result["diff"] == {"before": "GPU 0\n", "after": "GPU 0\n"}
+
+
+def test_reap_error_fails_with_the_partial_result(capsys, fake_reaper):
+    fake_reaper.outcome = ReapError(
+        "GPU memory not released within timeout 3s: pid 101 still holds 40000 MiB on GPU 0",
+        {"changed": True, "reaped": [{"pid": 101, "exited": True}], "warnings": [], "diff": {}},
+    )
+    result = run_module(capsys, {"pids": [101]})
+    assert result["failed"] is True
+    assert result["changed"] is True
+    assert "pid 101 still holds" in result["msg"]
+    assert result["reaped"] == [{"pid": 101, "exited": True}]
+
+
+def test_command_runner_turns_a_missing_executable_into_a_failed_command():
+    class Module:
+        def run_command(self, args, handle_exceptions=True):
+            assert handle_exceptions is False
+            raise FileNotFoundError(2, "No such file or directory", args[0])
+
+    rc, out, err = nvidia_reap.command_runner(Module())(["nvidia-smi", "-L"])
+    assert rc == 127
+    assert out == ""
+    assert "No such file or directory" in err
