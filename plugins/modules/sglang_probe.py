@@ -1,0 +1,505 @@
+#!/usr/bin/python
+# Copyright: (c) 2025, llmops.inference contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: sglang_probe
+short_description: Prove that an SGLang server serves, not just that its unit is active
+version_added: 0.1.0
+description:
+  - Answers "does this host serve?" in tiers, in this order, each reported in RV(tiers) as C(ok), C(failed) or
+    C(skipped) with a reason and its time. After a failed tier the later tiers are C(skipped) with the reason
+    C(earlier tier failed).
+  - C(unit) (with O(unit)) - the systemd unit is active, and its MainPID stays the same and NRestarts does not
+    rise between the start and the end of the probe (at least O(stability_window) seconds); a restart loop fails
+    here with both numbers.
+  - C(gpu) - the processes in the unit's cgroup hold at least O(min_gpu_memory_mib) on each expected GPU
+    (O(expected_gpus), else O(tp_size), else all GPUs), which catches a unit that is active while the model never
+    loaded. Without O(unit), the GPUs' used memory is checked instead.
+  - C(health) - C(/health) answers HTTP 200.
+  - C(model) - C(/model_info) (C(/get_model_info) on older servers) and C(/v1/models) answer, and serve
+    O(expected_model) when it is set. The speculative-decoding settings are read from C(/server_info).
+  - C(generate) - a real streamed C(/generate) at temperature 0 with O(max_new_tokens) finishes within
+    O(generate_timeout), with text that is not empty, not degenerate (one character or one short unit repeated,
+    one word repeated, or a distinct-word ratio below O(min_distinct_ratio)) and matches O(expect_regex) if set.
+  - C(floors) (with O(min_tokens_per_s) or O(min_accept_length)) - the generation's decode throughput and the
+    speculative accept length reported in its C(meta_info) reach the floors.
+  - With O(wait_timeout), probes again (every O(poll_interval) seconds at most) until every tier passes, and gives
+    up at once when the unit is failed or inactive or has restarted since the wait began.
+  - Optionally writes the result as a Prometheus textfile for node_exporter's textfile collector.
+author:
+  - llmops.inference contributors (@llmops)
+requirements:
+  - Linux; systemd for O(unit).
+  - For the C(gpu) tier, Python package C(nvidia-ml-py) (module C(pynvml)) or C(nvidia-smi).
+attributes:
+  check_mode:
+    support: full
+    description: The probe only reads, so it runs unchanged in check mode; only O(textfile_path) is not written.
+  diff_mode:
+    support: none
+    description: Nothing is changed, so there is no diff.
+  idempotent:
+    support: full
+    description: Never changes anything; C(changed) is always false.
+options:
+  url:
+    description:
+      - Base URL of the SGLang server (its C(--host) and C(--port)).
+    type: str
+    default: http://127.0.0.1:30000
+  api_key:
+    description:
+      - "The server's C(--api-key), sent as C(Authorization: Bearer <key>)."
+    type: str
+  validate_certs:
+    description:
+      - Verify the server's TLS certificate for an C(https) O(url).
+    type: bool
+    default: true
+  unit:
+    description:
+      - The systemd unit that runs the server (C(.service) is added to a name without a unit type).
+      - Enables the C(unit) tier and attributes GPU memory to the processes in its cgroup.
+    type: str
+  tiers:
+    description:
+      - The tiers to run; the others are reported C(skipped) with the reason C(not requested).
+      - C(floors) needs C(generate).
+    type: list
+    elements: str
+    choices: [unit, gpu, health, model, generate, floors]
+    default: [unit, gpu, health, model, generate, floors]
+  timeout:
+    description:
+      - Seconds each HTTP request other than the generation may take.
+    type: float
+    default: 10
+  prompt:
+    description:
+      - The prompt of the test generation.
+    type: str
+    default: List the first five prime numbers.
+  max_new_tokens:
+    description:
+      - Tokens the test generation asks for.
+    type: int
+    default: 32
+  generate_timeout:
+    description:
+      - Seconds the whole test generation may take, from the request to the end of the stream.
+    type: float
+    default: 60
+  expect_regex:
+    description:
+      - Python regular expression that the generated text must contain (C(re.search)).
+    type: str
+  min_distinct_ratio:
+    description:
+      - Generated text of 12 words or more whose distinct words make up less than this share of its words is
+        degenerate.
+    type: float
+    default: 0.25
+  expected_model:
+    description:
+      - The model the server must serve, matched against C(model_path) and C(served_model_name) from
+        C(/model_info) and the ids from C(/v1/models), exactly or as the last path components
+        (C(Qwen/Qwen3-8B) matches C(/models/Qwen/Qwen3-8B)).
+    type: str
+  min_gpu_memory_mib:
+    description:
+      - MiB the unit's processes must hold on each expected GPU for the model to count as loaded.
+    type: int
+    default: 1024
+  expected_gpus:
+    description:
+      - The GPUs the server must hold memory on. A count (the unit must hold O(min_gpu_memory_mib) on at least that
+        many GPUs, whichever they are) or a list of GPU indices or UUIDs (each of them).
+      - Default is O(tp_size) as a count when set, else all GPUs.
+    type: raw
+  tp_size:
+    description:
+      - The server's tensor-parallel size (C(--tp-size)); the default count for O(expected_gpus).
+    type: int
+    aliases: [tp]
+  gpu_backend:
+    description:
+      - How to list GPU memory for the C(gpu) tier. C(auto) tries NVML through pynvml, then C(nvidia-smi).
+    type: str
+    choices: [auto, nvml, nvidia-smi]
+    default: auto
+  min_tokens_per_s:
+    description:
+      - Floor for the generation's decode throughput (tokens after the first, over the time after the first token).
+    type: float
+  min_accept_length:
+    description:
+      - Floor for the speculative accept length (C(spec_accept_length) in the generation's C(meta_info)). Fails when
+        the server does not report one.
+    type: float
+  stability_window:
+    description:
+      - Seconds over which MainPID and NRestarts must stay the same, measured from the first look at the unit.
+        The unit is sampled again at the end and polled until the window has passed. C(0) compares the start and
+        the end of the probe only.
+    type: float
+    default: 0
+  wait_timeout:
+    description:
+      - Keep probing until every tier passes or this many seconds have passed. C(0) probes once.
+      - The wait ends early when the unit is failed, inactive or not found, or restarted (MainPID changed or
+        NRestarts rose) since the wait began; waiting on a dead service would only burn the timeout.
+      - An attempt that started before the deadline runs to its end.
+    type: float
+    default: 0
+  poll_interval:
+    description:
+      - Seconds between the starts of two attempts while waiting, and between unit samples within
+        O(stability_window). At most 0.5.
+    type: float
+    default: 0.5
+  fail_on_unhealthy:
+    description:
+      - "Fail when a tier fails, with the one-line message C(sglang_probe: <tier> failed: <reason>) and the full
+        result."
+      - Set to V(false) to collect results from a fleet and decide afterwards (RV(healthy)).
+    type: bool
+    default: true
+  textfile_path:
+    description:
+      - Write the result to this file as Prometheus text exposition (metrics C(llmops_sglang_probe_*)), replacing it
+        atomically, for node_exporter's C(--collector.textfile.directory). Must be an absolute path ending in
+        C(.prom) in an existing directory. Not written in check mode.
+    type: path
+notes:
+  - SGLang's own C(/health) can keep answering 200 while generation hangs and while the GPUs hold no model;
+    this is why the C(gpu) and C(generate) tiers exist.
+  - Without O(unit), the C(gpu) tier counts all memory used on the GPUs, whoever holds it.
+seealso:
+  - name: SGLang native API
+    description: The endpoints the probe calls.
+    link: https://docs.sglang.ai/basic_usage/native_api.html
+  - name: node_exporter textfile collector
+    description: How node_exporter exposes C(*.prom) files.
+    link: https://github.com/prometheus/node_exporter#textfile-collector
+  - module: llmops.inference.nvidia_reap
+"""
+
+EXAMPLES = r"""
+- name: Readiness gate - wait until the restarted server really serves, stop early on a crash loop
+  llmops.inference.sglang_probe:
+    url: http://127.0.0.1:30000
+    unit: sglang-qwen.service
+    tp_size: 2
+    expected_model: Qwen/Qwen3-8B
+    wait_timeout: 900
+    stability_window: 10
+    generate_timeout: 30
+  register: gate
+
+- name: Fleet health report - probe every host without failing the play
+  llmops.inference.sglang_probe:
+    unit: sglang-qwen.service
+    api_key: "{{ sglang_api_key }}"
+    fail_on_unhealthy: false
+  register: probe
+
+- name: Fleet health report - summary
+  ansible.builtin.debug:
+    msg:
+      serving: "{{ probes | dict2items | selectattr('value.healthy') | map(attribute='key') | list }}"
+      unhealthy: "{{ dict(bad | map(attribute='key') | zip(bad | map(attribute='value.msg'))) }}"
+  vars:
+    probes: "{{ dict(ansible_play_hosts | zip(ansible_play_hosts | map('extract', hostvars, 'probe'))) }}"
+    bad: "{{ probes | dict2items | rejectattr('value.healthy') }}"
+  run_once: true
+
+- name: Floors for a speculative-decoding deployment
+  llmops.inference.sglang_probe:
+    unit: sglang-qwen.service
+    max_new_tokens: 128
+    min_tokens_per_s: 80
+    min_accept_length: 2.5
+
+- name: Export the result for node_exporter's textfile collector (run from a timer or cron)
+  llmops.inference.sglang_probe:
+    unit: sglang-qwen.service
+    fail_on_unhealthy: false
+    textfile_path: /var/lib/node_exporter/textfile_collector/sglang_probe.prom
+"""
+
+RETURN = r"""
+msg:
+  description: "One line: C(sglang_probe: all tiers passed), or C(sglang_probe: <tier> failed: <reason>)."
+  returned: always
+  type: str
+  sample: "sglang_probe: generate failed: generation timed out: no response from /generate within 60.0 s"
+healthy:
+  description: Whether every tier that ran passed.
+  returned: always
+  type: bool
+  sample: false
+failed_tier:
+  description: The first tier that failed, or null when healthy.
+  returned: always
+  type: str
+  sample: gpu
+reason:
+  description: The failed tier's reason, or null when healthy.
+  returned: always
+  type: str
+  sample: "unit active but its processes hold 0 MiB on GPU 0 (1 MiB used on the GPU in all): model not loaded"
+tiers:
+  description: Every tier, in order, with its outcome.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    name:
+      description: The tier (C(unit), C(gpu), C(health), C(model), C(generate), C(floors)).
+      type: str
+      sample: generate
+    status:
+      description: C(ok), C(failed) or C(skipped).
+      type: str
+      sample: failed
+    reason:
+      description: What was found (also for C(ok) tiers), or why the tier was skipped.
+      type: str
+      sample: "degenerate output: '!!!!!!!!' (one character repeated 8 times)"
+    elapsed_s:
+      description: Seconds the tier's checks took.
+      type: float
+      sample: 0.412
+main_pid:
+  description: The unit's MainPID at the end of the probe; null without O(unit).
+  returned: always
+  type: int
+  sample: 4121
+n_restarts:
+  description: The unit's NRestarts at the end of the probe; null without O(unit).
+  returned: always
+  type: int
+  sample: 0
+active_state:
+  description: The unit's ActiveState at the end of the probe; null without O(unit).
+  returned: always
+  type: str
+  sample: active
+gpu_memory_mib:
+  description: MiB held on each GPU (by index) by the unit's processes, or used in all without O(unit).
+  returned: when the C(gpu) tier listed the GPUs
+  type: dict
+  sample: {"0": 69324, "1": 69324}
+model:
+  description: What the server serves.
+  returned: when the C(model) tier ran
+  type: dict
+  contains:
+    model_path:
+      description: C(model_path) from C(/model_info).
+      type: str
+      sample: /models/Qwen/Qwen3-8B
+    served_model_name:
+      description: C(served_model_name) from C(/model_info).
+      type: str
+      sample: Qwen/Qwen3-8B
+    ids:
+      description: Model ids from C(/v1/models).
+      type: list
+      elements: str
+      sample: [Qwen/Qwen3-8B]
+speculative:
+  description: Speculative-decoding settings from C(/server_info); null values when it is off.
+  returned: when the C(model) tier ran and C(/server_info) answered
+  type: dict
+  contains:
+    algorithm:
+      description: C(speculative_algorithm).
+      type: str
+      sample: EAGLE
+    num_steps:
+      description: C(speculative_num_steps).
+      type: int
+      sample: 3
+    eagle_topk:
+      description: C(speculative_eagle_topk).
+      type: int
+      sample: 1
+    num_draft_tokens:
+      description: C(speculative_num_draft_tokens).
+      type: int
+      sample: 4
+generation:
+  description: The test generation.
+  returned: when the C(generate) tier got an answer
+  type: dict
+  contains:
+    text:
+      description: The generated text, cut to 200 characters.
+      type: str
+      sample: "2, 3, 5, 7, 11"
+    completion_tokens:
+      description: Tokens generated (C(meta_info.completion_tokens)).
+      type: int
+      sample: 32
+    latency_s:
+      description: Seconds from the request to the end of the stream.
+      type: float
+      sample: 0.61
+    ttft_s:
+      description: Seconds to the first streamed chunk (time to first token).
+      type: float
+      sample: 0.043
+    tokens_per_s:
+      description: Decode throughput, tokens after the first over the time after the first.
+      type: float
+      sample: 54.6
+    accept_length:
+      description: Speculative accept length (C(meta_info.spec_accept_length)); null without speculative decoding.
+      type: float
+      sample: 2.87
+waited_s:
+  description: Seconds waited before the deciding attempt began (0 without O(wait_timeout)).
+  returned: always
+  type: float
+  sample: 41.5
+elapsed_s:
+  description: Seconds the whole probe took.
+  returned: always
+  type: float
+  sample: 42.2
+attempts:
+  description: How many times the tiers were run.
+  returned: always
+  type: int
+  sample: 84
+url:
+  description: The probed URL.
+  returned: always
+  type: str
+  sample: http://127.0.0.1:30000
+textfile_written:
+  description: Whether O(textfile_path) was written (not in check mode).
+  returned: when O(textfile_path) is set
+  type: bool
+  sample: true
+option:
+  description: The option that was refused.
+  returned: when an option is invalid
+  type: str
+  sample: expect_regex
+"""
+
+from ansible.module_utils.basic import AnsibleModule  # noqa: E402 - Ansible modules import after their docs
+
+from ansible_collections.llmops.inference.plugins.module_utils.probe import (  # noqa: E402
+    TIER_NAMES,
+    ProbeInputError,
+    ProbeSettings,
+    SglangProbe,
+)
+from ansible_collections.llmops.inference.plugins.module_utils.sglang import SglangClient  # noqa: E402
+from ansible_collections.llmops.inference.plugins.module_utils.textfile import (  # noqa: E402
+    validate_textfile_path,
+    write_probe_textfile,
+)
+
+# Options handed to ProbeSettings unchanged.
+SETTINGS_OPTIONS = (
+    "url",
+    "unit",
+    "tiers",
+    "prompt",
+    "max_new_tokens",
+    "timeout",
+    "generate_timeout",
+    "expected_model",
+    "expect_regex",
+    "min_gpu_memory_mib",
+    "expected_gpus",
+    "tp_size",
+    "min_tokens_per_s",
+    "min_accept_length",
+    "min_distinct_ratio",
+    "stability_window",
+    "wait_timeout",
+    "poll_interval",
+)
+
+ARGUMENT_SPEC = dict(
+    url=dict(type="str", default="http://127.0.0.1:30000"),
+    api_key=dict(type="str", no_log=True),
+    validate_certs=dict(type="bool", default=True),
+    unit=dict(type="str"),
+    tiers=dict(type="list", elements="str", choices=list(TIER_NAMES), default=list(TIER_NAMES)),
+    timeout=dict(type="float", default=10),
+    prompt=dict(type="str", default="List the first five prime numbers."),
+    max_new_tokens=dict(type="int", default=32, no_log=False),
+    generate_timeout=dict(type="float", default=60),
+    expect_regex=dict(type="str"),
+    min_distinct_ratio=dict(type="float", default=0.25),
+    expected_model=dict(type="str"),
+    min_gpu_memory_mib=dict(type="int", default=1024),
+    expected_gpus=dict(type="raw"),
+    tp_size=dict(type="int", aliases=["tp"]),
+    gpu_backend=dict(type="str", choices=["auto", "nvml", "nvidia-smi"], default="auto"),
+    min_tokens_per_s=dict(type="float", no_log=False),
+    min_accept_length=dict(type="float"),
+    stability_window=dict(type="float", default=0),
+    wait_timeout=dict(type="float", default=0),
+    poll_interval=dict(type="float", default=0.5),
+    fail_on_unhealthy=dict(type="bool", default=True),
+    textfile_path=dict(type="path"),
+)
+
+
+def command_runner(module):
+    """run_command(args) -> (rc, stdout, stderr); a missing executable is a failed command, not a crash."""
+
+    def run(args):
+        try:
+            return module.run_command(args, handle_exceptions=False)
+        except OSError as exc:
+            return 127, "", str(exc)
+
+    return run
+
+
+def main():
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    params = module.params
+    try:
+        settings = ProbeSettings(**{name: params[name] for name in SETTINGS_OPTIONS}).validate()
+        if params["textfile_path"]:
+            try:
+                validate_textfile_path(params["textfile_path"])
+            except ValueError as exc:
+                raise ProbeInputError("textfile_path", str(exc)) from None
+    except ProbeInputError as exc:
+        module.fail_json(msg=str(exc), option=exc.option, changed=False)
+
+    client = SglangClient(
+        settings.url, api_key=params["api_key"], timeout=settings.timeout, validate_certs=params["validate_certs"]
+    )
+    probe = SglangProbe.for_host(settings, client, command_runner(module), params["gpu_backend"])
+    result = dict(probe.run(), url=settings.url, changed=False)
+
+    if params["textfile_path"]:
+        result["textfile_written"] = not module.check_mode
+        if not module.check_mode:
+            write_probe_textfile(params["textfile_path"], result, settings.url, settings.unit)
+
+    if result["healthy"]:
+        module.exit_json(msg="sglang_probe: all tiers passed", **result)
+    message = f"sglang_probe: {result['failed_tier']} failed: {result['reason']}"
+    if params["fail_on_unhealthy"]:
+        module.fail_json(msg=message, **result)
+    module.exit_json(msg=message, **result)
+
+
+if __name__ == "__main__":
+    main()
