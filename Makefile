@@ -64,7 +64,7 @@ units: venv collection-link ## Unit tests (plugins and the lab's parts)
 	$(PYTHON) -m pytest -q tests/unit tests/lab/tests -m 'not lab'
 
 e2e: deps venv collection-link ## End-to-end tests on lab hosts (root)
-	$(PYTHON) -m pytest -q tests/e2e tests/lab/tests -m lab
+	$(PYTHON) -m pytest -q -p no:cacheprovider tests/e2e tests/lab/tests -m 'lab and not bench'
 
 molecule: deps venv collection-link ## Molecule scenarios on lab hosts (root)
 	cd extensions && $(BIN)/molecule test --all
@@ -88,6 +88,11 @@ demo: deps venv collection-link ## Boot a 3-host lab, deploy to it, print a prob
 
 demo-down: venv ## Remove the demo lab
 	$(LAB) down --name $(DEMO_LAB)
+
+bench: deps venv collection-link ## Run the benchmarks on a 6-host lab and rewrite docs/performance.md
+	rm -f build/bench/figures.json
+	LLMOPS_LAB_NAME=bench LLMOPS_LAB_HOSTS=6 $(PYTHON) -m pytest -q -s -p no:cacheprovider tests/e2e/test_bench.py -m bench
+	$(PYTHON) tests/bench/write_performance.py
 
 build: venv ## Build the collection tarball
 	$(BIN)/ansible-galaxy collection build --force

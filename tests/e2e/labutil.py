@@ -1,0 +1,51 @@
+"""Small helpers for tests that drive lab hosts: shell commands, units, waiting for the engine."""
+
+from __future__ import annotations
+
+HEALTH_WAIT = """
+import sys, time, urllib.request
+deadline = time.monotonic() + {timeout}
+while time.monotonic() < deadline:
+    try:
+        with urllib.request.urlopen("http://127.0.0.1:{port}/health", timeout=1) as answer:
+            if answer.status == 200:
+                print(repr(time.time()))
+                sys.exit(0)
+    except Exception:
+        pass
+    time.sleep(0.01)
+sys.exit(1)
+"""
+
+
+def sh(lab, host: str, command: str, timeout: float = 180) -> str:
+    """Run a shell command inside a lab host; fail the test with its output if it fails."""
+    proc = lab.exec(host, command, timeout=timeout)
+    assert proc.returncode == 0, f"{command!r} failed (rc={proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
+def install_unit(lab, host: str, name: str, text: str) -> None:
+    sh(lab, host, f"cat > /etc/systemd/system/{name} <<'EOF'\n{text}EOF\nsystemctl daemon-reload")
+
+
+def wait_healthy(lab, host: str, port: int = 30000, timeout: float = 120) -> float:
+    """Wait until /health answers 200 on the host; return the host's wall-clock time when it did."""
+    script = HEALTH_WAIT.format(port=port, timeout=timeout)
+    return float(sh(lab, host, f"python3 - <<'EOF'\n{script}\nEOF", timeout=timeout + 30))
+
+
+def start_ready_watch(lab, host: str, out_path: str, port: int = 30000, timeout: float = 120) -> None:
+    """In the background on the host, write the wall-clock time at which /health first answers 200."""
+    script = HEALTH_WAIT.format(port=port, timeout=timeout)
+    sh(
+        lab,
+        host,
+        f"cat > /run/ready_watch.py <<'EOF'\n{script}\nEOF\nrm -f {out_path}\n"
+        # The whole background list gets its own stdio, or lab.exec would wait for it to finish.
+        f"(python3 /run/ready_watch.py > {out_path}.tmp && mv {out_path}.tmp {out_path}) </dev/null >/dev/null 2>&1 &",
+    )
+
+
+def read_ready_time(lab, host: str, out_path: str) -> float:
+    return float(sh(lab, host, f"until [ -s {out_path} ]; do sleep 0.05; done; cat {out_path}", timeout=150))
