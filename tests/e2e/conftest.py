@@ -34,6 +34,10 @@ pkill -KILL -f '^sglang::' 2>/dev/null
 pkill -KILL -f '[s]glang_sim' 2>/dev/null  # bracket: do not match this script's own command line
 pkill -KILL -f '[s]imgpu-claim' 2>/dev/null
 rm -rf /var/lib/simgpu/claims/* /var/lib/llmops /run/lock/llmops*
+# A test that patched sglang and failed before restoring must not leak into the next one.
+VENV=/opt/sglang/venv
+$VENV/bin/python -c 'import sys; from sglang_sim import sources as s; sys.exit(bool(s.modified_sources(s.locate())))' \
+  || $VENV/bin/pip install -q --no-deps --no-index --force-reinstall /var/cache/llmops-lab/wheels/sglang-*.whl
 exit 0
 """
 

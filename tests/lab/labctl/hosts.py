@@ -9,6 +9,7 @@ import socket
 import subprocess
 from pathlib import Path
 
+from .image import WHEEL_DIR
 from .state import LabState
 from .system import LabError, run, wait_for
 
@@ -38,6 +39,8 @@ def start_container(host: str, merged: Path, log_path: Path) -> int:
                 "--keep-unit",
                 "--network-veth",
                 "--console=read-only",
+                # The pinned wheels, read-only: tests reinstall pristine sglang sources from them.
+                f"--bind-ro={WHEEL_DIR}",
             ],
             stdin=subprocess.DEVNULL,
             stdout=log,
