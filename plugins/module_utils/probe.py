@@ -10,250 +10,35 @@ injected so every tier can be exercised without a host.
 
 from __future__ import annotations
 
-import re
 import time
-from contextlib import contextmanager
 
+from ansible_collections.llmops.inference.plugins.module_utils.degenerate import degenerate_reason, quote_sample
 from ansible_collections.llmops.inference.plugins.module_utils.gpu import query_gpus, select_gpus
-from ansible_collections.llmops.inference.plugins.module_utils.procs import pids_of_unit
-from ansible_collections.llmops.inference.plugins.module_utils.sglang import (
-    DEFAULT_URL,
-    SglangError,
-    SglangTimeout,
-    validate_url,
+from ansible_collections.llmops.inference.plugins.module_utils.probe_report import (
+    EARLIER_FAILED,
+    FAILED,
+    OK,
+    SKIPPED,
+    Attempt,
+    TierResult,
+    probe_result,
 )
-from ansible_collections.llmops.inference.plugins.module_utils.systemd import (
-    SHOW_PROPERTIES,
-    normalize_unit_name,
-    show_unit,
+from ansible_collections.llmops.inference.plugins.module_utils.probe_settings import TIER_NAMES, ProbeSettings
+from ansible_collections.llmops.inference.plugins.module_utils.procs import pids_of_unit
+from ansible_collections.llmops.inference.plugins.module_utils.sglang import SglangError, SglangTimeout
+from ansible_collections.llmops.inference.plugins.module_utils.systemd import SHOW_PROPERTIES, show_unit
+from ansible_collections.llmops.inference.plugins.module_utils.unit_verdicts import (
+    DEAD_STATES,
+    unit_not_active_reason,
+    unit_restart_reason,
 )
 
-TIER_NAMES = ("unit", "gpu", "health", "model", "generate", "floors")
-OK, FAILED, SKIPPED = "ok", "failed", "skipped"
-EARLIER_FAILED = "earlier tier failed"
-MAX_POLL_INTERVAL = 0.5
-DEFAULT_PROMPT = "List the first five prime numbers."
-DEFAULT_MAX_NEW_TOKENS = 32
-DEFAULT_MIN_GPU_MEMORY_MIB = 1024
-DEFAULT_MIN_DISTINCT_RATIO = 0.25
-TEXT_SAMPLE_CHARS = 200
-DEAD_STATES = ("failed", "inactive")
 SPECULATIVE_FIELDS = {
     "algorithm": "speculative_algorithm",
     "num_steps": "speculative_num_steps",
     "eagle_topk": "speculative_eagle_topk",
     "num_draft_tokens": "speculative_num_draft_tokens",
 }
-
-# Degenerate-output detection. A run of one character needs MIN_CHAR_REPEATS, a longer unit (up to
-# MAX_PERIOD chars) MIN_UNIT_REPEATS, and the run must cover MIN_TAIL_SHARE of the text ("Hello!!!!!!!!"
-# counts, "Wow!!" does not). Below MIN_WORDS_FOR_RATIO words a distinct-word ratio says nothing; it is taken
-# over the last RATIO_WINDOW words because the ratio of any long text falls with its length.
-QUOTE_CHARS = 20
-MAX_PERIOD = 16
-MIN_CHAR_REPEATS = 5
-MIN_UNIT_REPEATS = 4
-MIN_TAIL_SHARE = 0.5
-MIN_WORDS_FOR_SAME_WORD = 4
-MIN_WORDS_FOR_RATIO = 12
-RATIO_WINDOW = 100
-WORD = re.compile(r"\w+", re.UNICODE)
-
-
-def quote_sample(text: str, limit: int = QUOTE_CHARS) -> str:
-    """``'the first 20 chars'`` with escapes, followed by ``...`` when cut."""
-    text = text.strip()
-    return repr(text[:limit]) + ("..." if len(text) > limit else "")
-
-
-def _repeated_tail(text: str) -> tuple:
-    """Longest tail of ``text`` repeating one unit of at most MAX_PERIOD chars: ``(unit, repeats, length)``."""
-    best = ("", 0, 0)
-    size = len(text)
-    for period in range(1, min(MAX_PERIOD, size // 2) + 1):
-        start = size - period - 1
-        while start >= 0 and text[start] == text[start + period]:
-            start -= 1
-        length = size - start - 1
-        repeats = length // period
-        needed = MIN_CHAR_REPEATS if period == 1 else MIN_UNIT_REPEATS
-        if repeats >= needed and length > best[2] and text[-period:].strip():
-            best = (text[-period:], repeats, length)
-    return best
-
-
-def degenerate_reason(text: str, min_distinct_ratio: float = DEFAULT_MIN_DISTINCT_RATIO) -> str | None:
-    """Why ``text`` looks like a broken engine's output, or None when it reads like an answer.
-
-    Flags one character or one short unit repeated over most of the text, one word repeated, and text
-    whose distinct-word ratio is below ``min_distinct_ratio``. Short answers and ordinary repetitive
-    text (numbered lists, recipes) pass.
-    """
-    stripped = text.strip()
-    if not stripped:
-        return None
-    unit, repeats, length = _repeated_tail(stripped)
-    if repeats and length >= MIN_TAIL_SHARE * len(stripped):
-        what = "one character" if len(unit) == 1 else repr(unit)
-        return f"degenerate output: {quote_sample(stripped)} ({what} repeated {repeats} times)"
-    words = [word.lower() for word in WORD.findall(stripped)]
-    if len(words) >= MIN_WORDS_FOR_SAME_WORD and len(set(words)) == 1:
-        return f"degenerate output: {quote_sample(stripped)} (one word repeated {len(words)} times)"
-    window = words[-RATIO_WINDOW:]
-    if len(window) >= MIN_WORDS_FOR_RATIO:
-        distinct = len(set(window))
-        ratio = distinct / len(window)
-        if ratio < min_distinct_ratio:
-            where = f"of the last {len(window)} words" if len(words) > len(window) else f"of {len(window)} words"
-            return (
-                f"degenerate output: {quote_sample(stripped)} "
-                f"({distinct} distinct {where}, ratio {ratio:.2f} < {min_distinct_ratio})"
-            )
-    return None
-
-
-def parse_expected_gpus(value) -> tuple:
-    """``(count, selectors)`` from an int (or digit string) count or a list of GPU indices/UUIDs."""
-    if value is None or value == []:
-        return None, None
-    if isinstance(value, bool):
-        raise ValueError(f"expected_gpus must be a GPU count or a list of GPU indices or UUIDs, got {value!r}")
-    if isinstance(value, int) or (isinstance(value, str) and value.strip().isdigit()):
-        count = int(value)
-        if count < 1:
-            raise ValueError(f"expected_gpus as a count must be at least 1, got {count}")
-        return count, None
-    if isinstance(value, (list, tuple)) and all(str(item).strip() for item in value):
-        return None, [str(item).strip() for item in value]
-    raise ValueError(f"expected_gpus must be a GPU count or a list of GPU indices or UUIDs, got {value!r}")
-
-
-class ProbeSettings:
-    """The probe's options with their defaults; :meth:`validate` names any option that is wrong."""
-
-    def __init__(
-        self,
-        *,
-        url=DEFAULT_URL,
-        unit=None,
-        tiers=None,
-        prompt=DEFAULT_PROMPT,
-        max_new_tokens=DEFAULT_MAX_NEW_TOKENS,
-        timeout=10.0,
-        generate_timeout=60.0,
-        expected_model=None,
-        expect_regex=None,
-        min_gpu_memory_mib=DEFAULT_MIN_GPU_MEMORY_MIB,
-        expected_gpus=None,
-        tp_size=None,
-        min_tokens_per_s=None,
-        min_accept_length=None,
-        min_distinct_ratio=DEFAULT_MIN_DISTINCT_RATIO,
-        stability_window=0.0,
-        wait_timeout=0.0,
-        poll_interval=MAX_POLL_INTERVAL,
-    ):
-        self.url = url
-        self.unit = unit or None
-        self.tiers = list(TIER_NAMES) if tiers is None else list(tiers)
-        self.prompt = prompt
-        self.max_new_tokens = max_new_tokens
-        self.timeout = timeout
-        self.generate_timeout = generate_timeout
-        self.expected_model = expected_model or None
-        self.expect_regex = expect_regex or None
-        self.min_gpu_memory_mib = min_gpu_memory_mib
-        self.expected_gpus = expected_gpus
-        self.tp_size = tp_size
-        self.min_tokens_per_s = min_tokens_per_s
-        self.min_accept_length = min_accept_length
-        self.min_distinct_ratio = min_distinct_ratio
-        self.stability_window = stability_window
-        self.wait_timeout = wait_timeout
-        self.poll_interval = poll_interval
-        self.gpu_count = None
-        self.gpu_selectors = None
-        self.pattern = None
-
-    def validate(self) -> ProbeSettings:
-        """Check every option; raise ProbeInputError naming the option and what is accepted."""
-        with _option("url"):
-            self.url = validate_url(self.url)
-        if self.unit:
-            self.unit = normalize_unit_name(self.unit)
-        unknown = [name for name in self.tiers if name not in TIER_NAMES]
-        _require(bool(self.tiers), "tiers", f"tiers must name at least one of {', '.join(TIER_NAMES)}")
-        _require(not unknown, "tiers", f"tiers must be a subset of {', '.join(TIER_NAMES)}; unknown: {unknown}")
-        for name in ("timeout", "generate_timeout"):
-            value = getattr(self, name)
-            _require(value > 0, name, f"{name} must be greater than 0 seconds, got {value}")
-        for name in ("wait_timeout", "stability_window", "min_gpu_memory_mib", "min_tokens_per_s", "min_accept_length"):
-            value = getattr(self, name)
-            _require(value is None or value >= 0, name, f"{name} must not be negative, got {value}")
-        _require(
-            0 < self.poll_interval <= MAX_POLL_INTERVAL,
-            "poll_interval",
-            f"poll_interval must be greater than 0 and at most {MAX_POLL_INTERVAL} s, got {self.poll_interval}",
-        )
-        _require(
-            self.max_new_tokens >= 1, "max_new_tokens", f"max_new_tokens must be at least 1, got {self.max_new_tokens}"
-        )
-        _require(
-            0 <= self.min_distinct_ratio <= 1,
-            "min_distinct_ratio",
-            f"min_distinct_ratio must be between 0 and 1, got {self.min_distinct_ratio}",
-        )
-        _require(
-            self.tp_size is None or self.tp_size >= 1, "tp_size", f"tp_size must be at least 1, got {self.tp_size}"
-        )
-        _require(bool((self.prompt or "").strip()), "prompt", "prompt must not be empty")
-        if self.expect_regex:
-            try:
-                self.pattern = re.compile(self.expect_regex)
-            except re.error as exc:
-                raise ProbeInputError(
-                    "expect_regex", f"expect_regex does not compile: {exc} (pattern {self.expect_regex!r})"
-                ) from None
-        with _option("expected_gpus"):
-            self.gpu_count, self.gpu_selectors = parse_expected_gpus(self.expected_gpus)
-        if self.gpu_count is None and self.gpu_selectors is None and self.tp_size:
-            self.gpu_count = self.tp_size
-        return self
-
-
-class ProbeInputError(ValueError):
-    """An option is wrong; ``option`` names it and the message says what is accepted."""
-
-    def __init__(self, option: str, message: str):
-        super().__init__(message)
-        self.option = option
-
-
-def _require(condition: bool, option: str, message: str) -> None:
-    if not condition:
-        raise ProbeInputError(option, message)
-
-
-@contextmanager
-def _option(option: str):
-    """Re-raise a ValueError from a parser as ProbeInputError for ``option``."""
-    try:
-        yield
-    except ProbeInputError:
-        raise
-    except ValueError as exc:
-        raise ProbeInputError(option, str(exc)) from None
-
-
-class TierResult:
-    def __init__(self, name: str, status: str, reason: str = "", elapsed_s: float = 0.0):
-        self.name = name
-        self.status = status
-        self.reason = reason
-        self.elapsed_s = elapsed_s
-
-    def as_dict(self) -> dict:
-        return {"name": self.name, "status": self.status, "reason": self.reason, "elapsed_s": round(self.elapsed_s, 3)}
 
 
 class TierFailure(Exception):
@@ -266,62 +51,6 @@ class TierFailure(Exception):
 
 class TierSkip(Exception):
     """The tier does not apply (no unit given, no floors set)."""
-
-
-def unit_not_active_reason(state) -> str:
-    detail = f"ActiveState={state.active_state}, SubState={state.sub_state}"
-    if state.result and state.result != "success":
-        detail += f", Result={state.result}"
-    return f"unit {state.name} not active: {detail}, NRestarts {state.n_restarts}"
-
-
-def last_main_pid(state) -> int:
-    """MainPID, or after the main process exited the PID it had (systemd's ExecMainPID), when read."""
-    try:
-        return state.main_pid or int(state.properties.get("ExecMainPID") or 0)
-    except (AttributeError, ValueError):
-        return state.main_pid
-
-
-def unit_restart_reason(before, after, elapsed_s: float) -> str | None:
-    """The restart verdict between two samples of one unit, or None when it stayed put.
-
-    A restart is a new MainPID replacing a live one, or a change of NRestarts (it rises with each automatic
-    restart and drops to 0 on a manual start). A MainPID that merely went to 0 is an exit, judged by the
-    unit's state instead.
-    """
-    replaced = bool(before.main_pid and after.main_pid and before.main_pid != after.main_pid)
-    if not replaced and after.n_restarts == before.n_restarts:
-        return None
-    return (
-        f"unit restarting: MainPID {last_main_pid(before)} -> {after.main_pid}, "
-        f"NRestarts {before.n_restarts} -> {after.n_restarts} within {elapsed_s:.1f} s"
-    )
-
-
-class Attempt:
-    """One pass over the tiers and what it learned."""
-
-    def __init__(self):
-        self.tiers = {}
-        self.fatal = False
-        self.unit_state = None
-        self.gpu_memory_mib = {}
-        self.model = {}
-        self.speculative = {}
-        self.generation = None
-
-    @property
-    def failed_tier(self) -> str | None:
-        for name in TIER_NAMES:
-            tier = self.tiers.get(name)
-            if tier is not None and tier.status == FAILED:
-                return name
-        return None
-
-    @property
-    def healthy(self) -> bool:
-        return self.failed_tier is None
 
 
 class SglangProbe:
@@ -380,7 +109,7 @@ class SglangProbe:
                 break
             self.sleep(max(0.0, next_start - self.clock()))
         waited = attempt_started - started if settings.wait_timeout > 0 else 0.0
-        return self._result(attempt, attempts, waited, self.clock() - started)
+        return probe_result(attempt, attempts, waited, self.clock() - started)
 
     def _attempt(self) -> Attempt:
         attempt = Attempt()
@@ -616,42 +345,3 @@ class SglangProbe:
                 raise TierFailure(f"accept length {accept:.2f} below min_accept_length {settings.min_accept_length}")
             passed.append(f"accept length {accept:.2f}")
         return ", ".join(passed)
-
-    # result -----------------------------------------------------------------------------------------
-
-    def _result(self, attempt: Attempt, attempts: int, waited_s: float, elapsed_s: float) -> dict:
-        failed = attempt.failed_tier
-        state = attempt.unit_state
-        return {
-            "healthy": failed is None,
-            "failed_tier": failed,
-            "reason": attempt.tiers[failed].reason if failed else None,
-            "tiers": [attempt.tiers[name].as_dict() for name in TIER_NAMES],
-            "main_pid": state.main_pid if state is not None else None,
-            "n_restarts": state.n_restarts if state is not None else None,
-            "active_state": state.active_state if state is not None else None,
-            "gpu_memory_mib": attempt.gpu_memory_mib,
-            "model": attempt.model,
-            "speculative": attempt.speculative,
-            "generation": generation_facts(attempt.generation),
-            "waited_s": round(waited_s, 3),
-            "elapsed_s": round(elapsed_s, 3),
-            "attempts": attempts,
-        }
-
-
-def _rounded(value, digits: int = 3):
-    return round(value, digits) if isinstance(value, float) else value
-
-
-def generation_facts(result) -> dict:
-    if result is None:
-        return {}
-    return {
-        "text": result.text[:TEXT_SAMPLE_CHARS],
-        "completion_tokens": result.completion_tokens,
-        "latency_s": _rounded(result.latency_s),
-        "ttft_s": _rounded(result.ttft_s),
-        "tokens_per_s": _rounded(result.tokens_per_s, 1),
-        "accept_length": _rounded(result.accept_length),
-    }

@@ -396,11 +396,11 @@ option:
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402 - Ansible modules import after their docs
 
-from ansible_collections.llmops.inference.plugins.module_utils.probe import (  # noqa: E402
+from ansible_collections.llmops.inference.plugins.module_utils.probe import SglangProbe  # noqa: E402
+from ansible_collections.llmops.inference.plugins.module_utils.probe_settings import (  # noqa: E402
     TIER_NAMES,
     ProbeInputError,
     ProbeSettings,
-    SglangProbe,
 )
 from ansible_collections.llmops.inference.plugins.module_utils.sglang import SglangClient  # noqa: E402
 from ansible_collections.llmops.inference.plugins.module_utils.textfile import (  # noqa: E402

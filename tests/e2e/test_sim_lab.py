@@ -111,7 +111,7 @@ def compute_apps(lab, host: str) -> dict[int, int]:
     apps = {}
     for line in out.splitlines():
         if line.strip():
-            pid, _, used = (field.strip() for field in line.split(","))
+            pid, _gpu_uuid, used = (field.strip() for field in line.split(","))
             apps[int(pid)] = int(used)
     return apps
 

@@ -158,8 +158,10 @@ class Server:
             dead = self.supervisor.dead_child()
             if dead is not None:
                 logger.error(
-                    f"Subprocess {dead.name} (pid={dead.pid}) crashed with exit code {dead.exit_code}. "
-                    "Triggering SIGQUIT for cleanup..."
+                    "Subprocess %s (pid=%d) crashed with exit code %s. Triggering SIGQUIT for cleanup...",
+                    dead.name,
+                    dead.pid,
+                    dead.exit_code,
                 )
                 self.supervisor.kill_tree_and_exit()
             if self.supervisor.sigquit:
@@ -185,7 +187,7 @@ class Server:
             left = deadline - time.monotonic()
             if left <= 0 or (remaining == 0 and not slow):
                 return
-            logger.info(f"Gracefully exiting... Remaining number of requests {remaining}.")
+            logger.info("Gracefully exiting... Remaining number of requests %d.", remaining)
             if slow:
                 time.sleep(min(DRAIN_LOG_INTERVAL_S, left))
             else:
@@ -201,13 +203,15 @@ class Server:
         leftovers = self.supervisor.stop(SCHEDULER_EXIT_GRACE_S, kill_leftovers=not orphan)
         if leftovers and orphan:
             logger.warning(
-                f"Schedulers still alive {SCHEDULER_EXIT_GRACE_S:g}s after ShutdownReq; "
-                f"they ignore SIGTERM and are left running: {leftovers}"
+                "Schedulers still alive %gs after ShutdownReq; they ignore SIGTERM and are left running: %s",
+                SCHEDULER_EXIT_GRACE_S,
+                leftovers,
             )
         elif leftovers:
             logger.warning(
-                f"Schedulers still alive {SCHEDULER_EXIT_GRACE_S:g}s after ShutdownReq, killing them "
-                f"before they released: {leftovers}"
+                "Schedulers still alive %gs after ShutdownReq, killing them before they released: %s",
+                SCHEDULER_EXIT_GRACE_S,
+                leftovers,
             )
         self.httpd.shutdown()
         self.httpd.server_close()
@@ -222,11 +226,11 @@ def main(argv: list[str] | None = None) -> int:
     _environment_settings(ns)
     logs.configure(ns.log_level)
     if ignored:
-        logger.warning(f"Ignoring SGLang arguments the simulator does not model: {' '.join(ignored)}")
+        logger.warning("Ignoring SGLang arguments the simulator does not model: %s", " ".join(ignored))
     try:
         installed = sources.locate()
     except sources.SglangNotInstalled as exc:
-        logger.error(f"sglang_sim: {exc}")
+        logger.error("sglang_sim: %s", exc)
         return 1
     model = info.read_model_config(ns.model_path, ns.context_length)
     spec = _resolve_spec(ns, installed, model)
@@ -236,17 +240,20 @@ def main(argv: list[str] | None = None) -> int:
     state = ServerState(
         ns, spec, model, _engine(ns, spec, model), version=installed.version(), launch_command=launch_command
     )
-    logger.info("server_args=ServerArgs(" + ", ".join(f"{k}={v!r}" for k, v in state.args.items()) + ")")
+    logger.info("server_args=ServerArgs(%s)", ", ".join(f"{k}={v!r}" for k, v in state.args.items()))
     if ns.faults:
-        logger.warning(f"sglang_sim faults on: {', '.join(sorted(ns.faults))}")
+        logger.warning("sglang_sim faults on: %s", ", ".join(sorted(ns.faults)))
     sources.compile_sources(sources.modified_sources(installed))
     server = Server(ns, state)
     try:
         server.bind()
     except OSError as exc:
         logger.error(
-            f"[Errno {exc.errno}] error while attempting to bind on address ('{ns.host}', {ns.port}): "
-            f"{(exc.strerror or '').lower()}"
+            "[Errno %s] error while attempting to bind on address ('%s', %s): %s",
+            exc.errno,
+            ns.host,
+            ns.port,
+            (exc.strerror or "").lower(),
         )
         return 1
     server.load(_plans(ns, spec, model))

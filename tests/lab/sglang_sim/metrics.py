@@ -97,7 +97,7 @@ class Stats:
                 span = max(end - start, 1e-9)
                 overlap = min(end, now) - max(start, window_start)
                 tokens += count * max(0.0, min(1.0, overlap / span))
-            earliest = max(window_start, min(start for start, _, _ in self._recent))
+            earliest = max(window_start, min(start for start, _end, _count in self._recent))
         return tokens / max(now - earliest, 1e-3)
 
     def avg_accept_length(self) -> float | None:

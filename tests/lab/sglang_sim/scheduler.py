@@ -115,7 +115,7 @@ class Loader:
     def load(self) -> dict:
         plan = self.plan
         started_free = self._free()
-        logger.info(f"Load weight begin. avail mem={_gib(started_free):.2f} GB")
+        logger.info("Load weight begin. avail mem=%.2f GB", _gib(started_free))
         weight_mib = int(plan.weight_fraction * plan.gpu.total_mib)
         for chunk in range(1, WEIGHT_CHUNKS + 1):
             self._sleep_until(WEIGHT_PHASE * chunk / WEIGHT_CHUNKS)
@@ -127,8 +127,11 @@ class Loader:
                 raise OutOfMemoryError(_oom_message(plan.gpu, wanted, free, self.claimed))
             self._claim(wanted)
         logger.info(
-            f"Load weight end. elapsed={time.monotonic() - self.start:.2f} s, type={plan.architecture}, "
-            f"avail mem={_gib(self._free()):.2f} GB, mem usage={_gib(weight_mib):.2f} GB."
+            "Load weight end. elapsed=%.2f s, type=%s, avail mem=%.2f GB, mem usage=%.2f GB.",
+            time.monotonic() - self.start,
+            plan.architecture,
+            _gib(self._free()),
+            _gib(weight_mib),
         )
         self._sleep_until(KV_PHASE)
         reserved = plan.gpu.total_mib * (1.0 - plan.mem_fraction_static)
@@ -145,10 +148,12 @@ class Loader:
         self._claim(kv_mib)
         tokens = kv_mib * 1024 * 1024 // KV_BYTES_PER_TOKEN
         logger.info(
-            f"KV Cache is allocated. #tokens: {tokens}, K size: {_gib(kv_mib) / 2:.2f} GB, "
-            f"V size: {_gib(kv_mib) / 2:.2f} GB"
+            "KV Cache is allocated. #tokens: %d, K size: %.2f GB, V size: %.2f GB",
+            tokens,
+            _gib(kv_mib) / 2,
+            _gib(kv_mib) / 2,
         )
-        logger.info(f"Memory pool end. avail mem={_gib(self._free()):.2f} GB")
+        logger.info("Memory pool end. avail mem=%.2f GB", _gib(self._free()))
         self._sleep_until(1.0)
         overhead = plan.graph_mib + plan.draft_mib
         free = self._free()
@@ -161,8 +166,10 @@ class Loader:
             )
         self._claim(overhead)
         logger.info(
-            f"Capture cuda graph end. Time elapsed: {time.monotonic() - self.start:.2f} s. "
-            f"mem usage={_gib(overhead):.2f} GB. avail mem={_gib(self._free()):.2f} GB."
+            "Capture cuda graph end. Time elapsed: %.2f s. mem usage=%.2f GB. avail mem=%.2f GB.",
+            time.monotonic() - self.start,
+            _gib(overhead),
+            _gib(self._free()),
         )
         return {
             "rank": plan.index,
@@ -215,7 +222,7 @@ def run_scheduler(plan: RankPlan, report_fd: int, parent_pid: int) -> int:
         report = Loader(plan).load()
         os.write(report_fd, (json.dumps(report) + "\n").encode())
     except Exception:
-        logger.error(f"Scheduler hit an exception: {traceback.format_exc()}")
+        logger.error("Scheduler hit an exception: %s", traceback.format_exc())
         cleanup()
         try:
             os.kill(parent_pid, signal.SIGQUIT)

@@ -89,6 +89,6 @@ class ServerState:
             launch_command=self.launch_command,
             startup_time=self.startup_time,
             scheduler_info=scheduler_info,
-            internal_states=[dict(state) for _ in range(self.ns.dp_size)],
+            internal_states=[dict(state) for _rank in range(self.ns.dp_size)],
             version=self.version,
         )

@@ -69,7 +69,7 @@ class Supervisor:
         if not open_fds:
             time.sleep(timeout)
             return
-        ready, _, _ = select.select(open_fds, [], [], timeout)
+        ready, _writable, _failed = select.select(open_fds, [], [], timeout)
         for child in self.children:
             if child.report_fd not in ready:
                 continue

@@ -174,14 +174,14 @@ def parse(argv, env=None):
 
 
 def test_knobs_come_from_env_and_the_flag_wins(gpu_state):
-    ns, _ = parse([], {"SGLANG_SIM_LOAD_TIME": "7.5", "SGLANG_SIM_TOKEN_LATENCY_MS": "1"})
+    ns, _ignored = parse([], {"SGLANG_SIM_LOAD_TIME": "7.5", "SGLANG_SIM_TOKEN_LATENCY_MS": "1"})
     assert (ns.sim_load_time, ns.sim_token_latency_ms, ns.sim_warmup_time) == (7.5, 1.0, 1.0)
-    ns, _ = parse(["--sim-load-time", "0.5"], {"SGLANG_SIM_LOAD_TIME": "7.5"})
+    ns, _ignored = parse(["--sim-load-time", "0.5"], {"SGLANG_SIM_LOAD_TIME": "7.5"})
     assert ns.sim_load_time == 0.5
 
 
 def test_faults_from_flags_and_env_are_combined_and_drain_defaults_follow(gpu_state):
-    ns, _ = parse(
+    ns, _ignored = parse(
         ["--sim-fault", "degenerate", "--sim-fault", "orphan-schedulers,slow-drain"],
         {"SGLANG_SIM_FAULTS": "never-load"},
     )

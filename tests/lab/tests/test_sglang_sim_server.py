@@ -138,7 +138,7 @@ class Sim:
         raise AssertionError("sim never became healthy")
 
     def finish(self, timeout: float = 30) -> tuple[int, str]:
-        _, err = self.proc.communicate(timeout=timeout)
+        _stdout, err = self.proc.communicate(timeout=timeout)
         return self.proc.returncode, err
 
     def children(self) -> dict[int, str]:
@@ -316,10 +316,10 @@ def timed(call) -> float:
 
 
 def test_performance_points(tp2):
-    singles = sorted(timed(lambda: generate(tp2, 64)) for _ in range(3))
+    singles = sorted(timed(lambda: generate(tp2, 64)) for _attempt in range(3))
     assert singles[1] < 0.150, singles
 
-    def one(_):
+    def one(_request_number):
         return generate(tp2, 100)[0]
 
     started = time.monotonic()
@@ -422,7 +422,7 @@ def test_drain_is_bounded_and_aborts_what_is_still_running(start):
     while not _running_line(sim) and time.monotonic() < deadline:
         time.sleep(0.01)
     sim.proc.send_signal(signal.SIGTERM)
-    code, _ = sim.finish()
+    code, _stderr = sim.finish()
     worker.join(10)
     assert code == 0
     status, raw = result["answer"]
@@ -536,7 +536,7 @@ def test_slow_drain_takes_the_drain_time(start):
     sim = start("--sim-fault", "slow-drain", "--sim-drain-time", "1.5", *FAST)
     started = time.monotonic()
     sim.proc.send_signal(signal.SIGTERM)
-    code, _ = sim.finish()
+    code, _stderr = sim.finish()
     assert code == 0 and time.monotonic() - started >= 1.5
 
 

@@ -69,7 +69,7 @@ def test_nvml_merges_a_pid_listed_twice():
     nvml = fake_pynvml(
         [("G", "GPU-a", 10 * MIB, 9 * MIB, [nvml_proc(5, 3 * MIB), nvml_proc(5, 4 * MIB), nvml_proc(6, None)])]
     )
-    _, gpus = gpu.query_gpus("nvml", nvml=nvml)
+    _backend, gpus = gpu.query_gpus("nvml", nvml=nvml)
     assert [(p.pid, p.used_mib) for p in gpus[0].processes] == [(5, 7), (6, None)]
 
 

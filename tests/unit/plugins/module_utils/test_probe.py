@@ -1,11 +1,10 @@
-"""SglangProbe: every tier's pass and failure, wait mode, the degenerate-output detector, option checks.
+"""SglangProbe: every tier's pass and failure, and wait mode.
 
 HTTP goes to a scripted local server; systemd and GPU readings come from fakes.
 """
 
 from __future__ import annotations
 
-import random
 import re
 import time
 
@@ -22,13 +21,9 @@ from fake_sglang_server import (
 )
 
 from ansible_collections.llmops.inference.plugins.module_utils.gpu import Gpu, GpuProcess, GpuQueryError
-from ansible_collections.llmops.inference.plugins.module_utils.probe import (
-    EARLIER_FAILED,
-    ProbeInputError,
-    ProbeSettings,
-    SglangProbe,
-    degenerate_reason,
-)
+from ansible_collections.llmops.inference.plugins.module_utils.probe import SglangProbe
+from ansible_collections.llmops.inference.plugins.module_utils.probe_report import EARLIER_FAILED
+from ansible_collections.llmops.inference.plugins.module_utils.probe_settings import ProbeSettings
 from ansible_collections.llmops.inference.plugins.module_utils.sglang import SglangClient
 from ansible_collections.llmops.inference.plugins.module_utils.systemd import UnitState
 
@@ -431,107 +426,3 @@ def test_generation_hang_in_wait_mode_ends_with_the_wait(server):
     result = make_probe(server, wait_timeout=0.8, generate_timeout=0.3).run()
     assert_failed(result, "generate", pattern="timed out")
     assert time.monotonic() - started < 1.8
-
-
-# degenerate-output detector -------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("text", "why"),
-    [
-        ("!!!!!!!!", "'!!!!!!!!' (one character repeated 8 times)"),
-        ("Hello!!!!!!!!", "'Hello!!!!!!!!' (one character repeated 8 times)"),
-        ("!" * 64, "'!!!!!!!!!!!!!!!!!!!!'... (one character repeated 64 times)"),
-        ("the the the the the", "'the the the the the' (' the' repeated 4 times)"),
-        ("HelloHelloHelloHello", "'HelloHelloHelloHello' ('Hello' repeated 4 times)"),
-        ("Paris. Paris, Paris! Paris", "'Paris. Paris, Paris!'... (one word repeated 4 times)"),
-        (
-            "The capital of France is Paris. Paris. Paris. Paris. Paris. Paris. Paris.",
-            "'The capital of Franc'... (' Paris.' repeated 7 times)",
-        ),
-        (
-            "I am a model and I am a model and I am a model and I am a model and I am a model, yes",
-            "'I am a model and I a'... (6 distinct of 25 words, ratio 0.24 < 0.25)",
-        ),
-    ],
-)
-def test_degenerate_text_is_flagged(text, why):
-    assert degenerate_reason(text) == f"degenerate output: {why}"
-
-
-@pytest.mark.parametrize(
-    "text",
-    [
-        "1. apple\n2. banana\n3. cherry\n4. date\n5. elderberry\n6. fig\n7. grape",
-        "1. Add the salt.\n2. Add the pepper.\n3. Add the oil.\n4. Add the water.\n5. Stir.",
-        "- yes\n- no\n- yes\n- no",
-        "2, 3, 5, 7, 11",
-        "4",
-        "Yes.",
-        "Paris",
-        "Wow!!",
-        "...",
-        "1000",
-        "Title\n=====\nSome text below the heading explains it.",
-        "北京是中国的首都。",
-        "def f(x):\n    return x * x\n\nprint(f(2), f(3), f(4))",
-        "The quick brown fox jumps over the lazy dog. The dog does not react, and the fox runs into the woods.",
-        "",
-    ],
-)
-def test_ordinary_text_is_not_flagged(text):
-    assert degenerate_reason(text) is None
-
-
-def test_long_ordinary_text_is_not_flagged_but_a_loop_at_its_end_is():
-    rng = random.Random(7)
-    vocabulary = [f"word{number}" for number in range(150)]
-    long_text = " ".join(rng.choices(vocabulary, k=2000))
-    assert degenerate_reason(long_text) is None
-    looping = long_text + " and then it goes on and on" * 20
-    assert degenerate_reason(looping).endswith("(5 distinct of the last 100 words, ratio 0.05 < 0.25)")
-
-
-def test_distinct_ratio_threshold_is_configurable():
-    text = "one two three one two three one two three one two three"
-    assert degenerate_reason(text, min_distinct_ratio=0.2) is None
-    assert degenerate_reason(text, min_distinct_ratio=0.3).endswith("(3 distinct of 12 words, ratio 0.25 < 0.3)")
-
-
-# option checks --------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("options", "option", "message"),
-    [
-        ({"url": "localhost:30000"}, "url", "url must be an absolute http:// or https:// URL"),
-        ({"timeout": 0}, "timeout", "timeout must be greater than 0 seconds, got 0"),
-        ({"generate_timeout": -1}, "generate_timeout", "generate_timeout must be greater than 0 seconds, got -1"),
-        ({"wait_timeout": -5}, "wait_timeout", "wait_timeout must not be negative, got -5"),
-        ({"stability_window": -1}, "stability_window", "stability_window must not be negative"),
-        ({"max_new_tokens": 0}, "max_new_tokens", "max_new_tokens must be at least 1, got 0"),
-        ({"expect_regex": "(unclosed"}, "expect_regex", "expect_regex does not compile: missing ), unterminated"),
-        ({"poll_interval": 2}, "poll_interval", "poll_interval must be greater than 0 and at most 0.5 s, got 2"),
-        ({"min_distinct_ratio": 1.5}, "min_distinct_ratio", "min_distinct_ratio must be between 0 and 1"),
-        ({"tiers": ["health", "vibes"]}, "tiers", "tiers must be a subset of unit, gpu, health"),
-        ({"tiers": []}, "tiers", "tiers must name at least one of unit, gpu, health"),
-        ({"expected_gpus": 0}, "expected_gpus", "expected_gpus as a count must be at least 1, got 0"),
-        ({"expected_gpus": {"a": 1}}, "expected_gpus", "expected_gpus must be a GPU count or a list"),
-        ({"tp_size": 0}, "tp_size", "tp_size must be at least 1, got 0"),
-        ({"prompt": "  "}, "prompt", "prompt must not be empty"),
-        ({"min_tokens_per_s": -1.0}, "min_tokens_per_s", "min_tokens_per_s must not be negative"),
-    ],
-)
-def test_bad_options_are_refused_naming_the_option(options, option, message):
-    with pytest.raises(ProbeInputError) as raised:
-        ProbeSettings(**options).validate()
-    assert raised.value.option == option
-    assert str(raised.value).startswith(message)
-
-
-def test_settings_normalize_the_unit_and_default_the_gpu_count_from_tp():
-    settings = ProbeSettings(unit="sglang-qwen", tp_size=2).validate()
-    assert (settings.unit, settings.gpu_count, settings.gpu_selectors) == ("sglang-qwen.service", 2, None)
-    settings = ProbeSettings(expected_gpus=["0", 1], tp_size=2).validate()
-    assert (settings.gpu_count, settings.gpu_selectors) == (None, ["0", "1"])
-    assert ProbeSettings(expected_gpus="3").validate().gpu_count == 3

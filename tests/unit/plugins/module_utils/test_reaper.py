@@ -86,7 +86,7 @@ def world(tmp_path):
 
 
 def signalled(world) -> set:
-    return {pid for pid, _, _ in world.kernel.sent}
+    return {pid for pid, _signal, _at in world.kernel.sent}
 
 
 def by_pid(entries) -> dict:
@@ -115,8 +115,8 @@ def test_unit_and_match_reap_only_the_units_leftovers(world):
 def test_sigterm_ignoring_holder_is_killed_within_grace_plus_half_a_second(world):
     result = world.reaper(unit="t-reap.service", grace=2, timeout=10).run()
     kills = [(pid, name, at) for pid, name, at in world.kernel.sent if name == "SIGKILL"]
-    assert {pid for pid, _, _ in kills} == {101, 102}
-    assert all(at == pytest.approx(2.0, abs=0.11) for _, _, at in kills)
+    assert {pid for pid, _signal, _at in kills} == {101, 102}
+    assert all(at == pytest.approx(2.0, abs=0.11) for _pid, _signal, at in kills)
     assert result["elapsed_s"] <= 2.5
     assert max(world.clock.sleeps) <= 0.2
 
@@ -275,7 +275,7 @@ def test_d_state_process_is_reported_unkillable(world):
     with pytest.raises(ReapError, match="pid 101 still holds") as err:
         world.reaper(pids=[101], grace=1, timeout=2).run()
     assert err.value.result["unkillable"] == [{"pid": 101, "title": "sglang::scheduler_TP0", "state": "D"}]
-    assert [name for _, name, _ in world.kernel.sent] == ["SIGTERM", "SIGKILL"]
+    assert [name for _pid, name, _at in world.kernel.sent] == ["SIGTERM", "SIGKILL"]
     assert "still alive after SIGKILL: 101 (state D)" in err.value.result["warnings"]
 
 

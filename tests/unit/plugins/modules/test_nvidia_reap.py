@@ -8,6 +8,8 @@ from ansible.module_utils.testing import patch_module_args
 from ansible_collections.llmops.inference.plugins.module_utils.reaper import ReapError
 from ansible_collections.llmops.inference.plugins.modules import nvidia_reap
 
+pytestmark = pytest.mark.usefixtures("target_side_ansible")
+
 
 def run_module(capsys, args: dict) -> dict:
     with patch_module_args(args), pytest.raises(SystemExit):
@@ -16,9 +18,11 @@ def run_module(capsys, args: dict) -> dict:
 
 
 class FakeReaper:
-    """Stands in for GpuReaper: records how it was called and returns or raises a canned outcome."""
+    """Stands in for GpuReaper: records how it was called and returns a canned result or raises a canned error."""
 
-    outcome = None
+    result = {}
+    error = ReapError("unused", {})
+    fails = False
     seen = {}
 
     def __init__(self, options, run_command):
@@ -26,16 +30,17 @@ class FakeReaper:
 
     def run(self, check_mode=False):
         FakeReaper.seen["check_mode"] = check_mode
-        if isinstance(FakeReaper.outcome, Exception):
-            raise FakeReaper.outcome
-        return dict(FakeReaper.outcome)
+        if FakeReaper.fails:
+            raise FakeReaper.error
+        return dict(FakeReaper.result)
 
 
 @pytest.fixture
 def fake_reaper(monkeypatch):
     monkeypatch.setattr(nvidia_reap, "GpuReaper", FakeReaper)
     FakeReaper.seen = {}
-    FakeReaper.outcome = {
+    FakeReaper.fails = False
+    FakeReaper.result = {
         "changed": True,
         "reaped": [{"pid": 101}],
         "warnings": ["still alive after SIGKILL: 101 (state D)"],
@@ -70,7 +75,8 @@ def test_success_passes_check_mode_and_hides_diff_unless_asked(capsys, fake_reap
     assert fake_reaper.seen["options"].unit == "t-reap.service"
     assert result["changed"] is True
     assert "diff" not in result
-    assert "still alive after SIGKILL: 101 (state D)" in json.dumps(result["warnings"])
+    warnings = [summary["event"]["msg"] for summary in result["warnings"]]
+    assert warnings == ["still alive after SIGKILL: 101 (state D)"]
 
 
 def test_diff_mode_returns_the_memory_diff(capsys, fake_reaper):
@@ -79,7 +85,8 @@ def test_diff_mode_returns_the_memory_diff(capsys, fake_reaper):
 
 
 def test_reap_error_fails_with_the_partial_result(capsys, fake_reaper):
-    fake_reaper.outcome = ReapError(
+    fake_reaper.fails = True
+    fake_reaper.error = ReapError(
         "GPU memory not released within timeout 3s: pid 101 still holds 40000 MiB on GPU 0",
         {"changed": True, "reaped": [{"pid": 101, "exited": True}], "warnings": [], "diff": {}},
     )

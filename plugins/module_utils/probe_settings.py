@@ -1,0 +1,155 @@
+# Copyright: (c) 2025, llmops.inference contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The sglang_probe options: defaults, and validation that names the wrong option and what it accepts.
+
+Private to the llmops.inference collection; not a public API.
+"""
+
+from __future__ import annotations
+
+import re
+from contextlib import contextmanager
+
+from ansible_collections.llmops.inference.plugins.module_utils.degenerate import DEFAULT_MIN_DISTINCT_RATIO
+from ansible_collections.llmops.inference.plugins.module_utils.sglang import DEFAULT_URL, validate_url
+from ansible_collections.llmops.inference.plugins.module_utils.systemd import normalize_unit_name
+
+TIER_NAMES = ("unit", "gpu", "health", "model", "generate", "floors")
+MAX_POLL_INTERVAL = 0.5
+DEFAULT_PROMPT = "List the first five prime numbers."
+DEFAULT_MAX_NEW_TOKENS = 32
+DEFAULT_MIN_GPU_MEMORY_MIB = 1024
+
+
+def parse_expected_gpus(value) -> tuple:
+    """``(count, selectors)`` from an int (or digit string) count or a list of GPU indices/UUIDs."""
+    if value is None or value == []:
+        return None, None
+    if isinstance(value, bool):
+        raise ValueError(f"expected_gpus must be a GPU count or a list of GPU indices or UUIDs, got {value!r}")
+    if isinstance(value, int) or (isinstance(value, str) and value.strip().isdigit()):
+        count = int(value)
+        if count < 1:
+            raise ValueError(f"expected_gpus as a count must be at least 1, got {count}")
+        return count, None
+    if isinstance(value, (list, tuple)) and all(str(item).strip() for item in value):
+        return None, [str(item).strip() for item in value]
+    raise ValueError(f"expected_gpus must be a GPU count or a list of GPU indices or UUIDs, got {value!r}")
+
+
+class ProbeInputError(ValueError):
+    """An option is wrong; ``option`` names it and the message says what is accepted."""
+
+    def __init__(self, option: str, message: str):
+        super().__init__(message)
+        self.option = option
+
+
+class ProbeSettings:
+    """The probe's options with their defaults; :meth:`validate` names any option that is wrong."""
+
+    def __init__(
+        self,
+        *,
+        url=DEFAULT_URL,
+        unit=None,
+        tiers=None,
+        prompt=DEFAULT_PROMPT,
+        max_new_tokens=DEFAULT_MAX_NEW_TOKENS,
+        timeout=10.0,
+        generate_timeout=60.0,
+        expected_model=None,
+        expect_regex=None,
+        min_gpu_memory_mib=DEFAULT_MIN_GPU_MEMORY_MIB,
+        expected_gpus=None,
+        tp_size=None,
+        min_tokens_per_s=None,
+        min_accept_length=None,
+        min_distinct_ratio=DEFAULT_MIN_DISTINCT_RATIO,
+        stability_window=0.0,
+        wait_timeout=0.0,
+        poll_interval=MAX_POLL_INTERVAL,
+    ):
+        self.url = url
+        self.unit = unit or None
+        self.tiers = list(TIER_NAMES) if tiers is None else list(tiers)
+        self.prompt = prompt
+        self.max_new_tokens = max_new_tokens
+        self.timeout = timeout
+        self.generate_timeout = generate_timeout
+        self.expected_model = expected_model or None
+        self.expect_regex = expect_regex or None
+        self.min_gpu_memory_mib = min_gpu_memory_mib
+        self.expected_gpus = expected_gpus
+        self.tp_size = tp_size
+        self.min_tokens_per_s = min_tokens_per_s
+        self.min_accept_length = min_accept_length
+        self.min_distinct_ratio = min_distinct_ratio
+        self.stability_window = stability_window
+        self.wait_timeout = wait_timeout
+        self.poll_interval = poll_interval
+        self.gpu_count = None
+        self.gpu_selectors = None
+        self.pattern = None
+
+    def validate(self) -> ProbeSettings:
+        """Check every option; raise ProbeInputError naming the option and what is accepted."""
+        with _option("url"):
+            self.url = validate_url(self.url)
+        if self.unit:
+            self.unit = normalize_unit_name(self.unit)
+        unknown = [name for name in self.tiers if name not in TIER_NAMES]
+        _require(bool(self.tiers), "tiers", f"tiers must name at least one of {', '.join(TIER_NAMES)}")
+        _require(not unknown, "tiers", f"tiers must be a subset of {', '.join(TIER_NAMES)}; unknown: {unknown}")
+        for name in ("timeout", "generate_timeout"):
+            value = getattr(self, name)
+            _require(value > 0, name, f"{name} must be greater than 0 seconds, got {value}")
+        for name in ("wait_timeout", "stability_window", "min_gpu_memory_mib", "min_tokens_per_s", "min_accept_length"):
+            value = getattr(self, name)
+            _require(value is None or value >= 0, name, f"{name} must not be negative, got {value}")
+        _require(
+            0 < self.poll_interval <= MAX_POLL_INTERVAL,
+            "poll_interval",
+            f"poll_interval must be greater than 0 and at most {MAX_POLL_INTERVAL} s, got {self.poll_interval}",
+        )
+        _require(
+            self.max_new_tokens >= 1, "max_new_tokens", f"max_new_tokens must be at least 1, got {self.max_new_tokens}"
+        )
+        _require(
+            0 <= self.min_distinct_ratio <= 1,
+            "min_distinct_ratio",
+            f"min_distinct_ratio must be between 0 and 1, got {self.min_distinct_ratio}",
+        )
+        _require(
+            self.tp_size is None or self.tp_size >= 1, "tp_size", f"tp_size must be at least 1, got {self.tp_size}"
+        )
+        _require(bool((self.prompt or "").strip()), "prompt", "prompt must not be empty")
+        if self.expect_regex:
+            try:
+                self.pattern = re.compile(self.expect_regex)
+            except re.error as exc:
+                raise ProbeInputError(
+                    "expect_regex", f"expect_regex does not compile: {exc} (pattern {self.expect_regex!r})"
+                ) from None
+        with _option("expected_gpus"):
+            self.gpu_count, self.gpu_selectors = parse_expected_gpus(self.expected_gpus)
+        if self.gpu_count is None and self.gpu_selectors is None and self.tp_size:
+            self.gpu_count = self.tp_size
+        return self
+
+
+def _require(condition: bool, option: str, message: str) -> None:
+    if not condition:
+        raise ProbeInputError(option, message)
+
+
+@contextmanager
+def _option(option: str):
+    """Re-raise a ValueError from a parser as ProbeInputError for ``option``."""
+    try:
+        yield
+    except ProbeInputError:
+        raise
+    except ValueError as exc:
+        raise ProbeInputError(option, str(exc)) from None
