@@ -15,13 +15,13 @@ DEMO_LAB    ?= demo
 DEMO_HOSTS  ?= 3
 
 export ANSIBLE_COLLECTIONS_PATH := $(COLLECTIONS)
-export PATH := $(CURDIR)/$(BIN):$(PATH)
+export PATH := $(BIN):$(PATH)
 
 .PHONY: help deps venv collection-link lint ruff ansible-lint sanity units e2e molecule test demo demo-down \
         lab-up lab-down lab-image bench docs build clean
 
 help: ## List the targets
-	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
+	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
 
 deps: ## Install the Debian packages the lab and the tests need (apt, only what is missing)
 	@[ "$$(id -u)" = 0 ] || { echo "make deps: needs root (apt-get, and the lab boots containers)" >&2; exit 1; }
@@ -69,7 +69,7 @@ e2e: deps venv collection-link ## End-to-end tests on lab hosts (root)
 molecule: deps venv collection-link ## Molecule scenarios on lab hosts (root)
 	cd extensions && $(BIN)/molecule test --all
 
-test: deps venv lint sanity units e2e molecule ## Everything CI runs
+test: deps venv lint sanity units docs ee e2e molecule ## Everything CI runs
 
 lab-image: deps venv ## Build (or reuse) the cached lab rootfs
 	$(LAB) image
@@ -82,7 +82,10 @@ lab-down: venv ## Remove a lab: make lab-down LAB_NAME=lab
 
 demo: deps venv collection-link ## Boot a 3-host lab, deploy to it, print a probe report
 	$(LAB) up --name $(DEMO_LAB) --hosts $(DEMO_HOSTS) --gpus 2
-	$(BIN)/ansible-playbook -i /run/llmops-lab/$(DEMO_LAB)/inventory.yml -i docs/examples/lab-inventory playbooks/deploy.yml
+	ANSIBLE_CONFIG=docs/examples/ansible.cfg $(BIN)/ansible-playbook \
+	  -i /run/llmops-lab/$(DEMO_LAB)/inventory.yml -i tests/lab/inventory playbooks/deploy.yml
+	ANSIBLE_CONFIG=docs/examples/ansible.cfg $(BIN)/ansible-playbook \
+	  -i /run/llmops-lab/$(DEMO_LAB)/inventory.yml -i tests/lab/inventory playbooks/fleet_probe.yml
 	@echo "The demo lab stays up for you to explore: ssh, tests/lab/lab exec --name $(DEMO_LAB) $(DEMO_LAB)1 -- ..."
 	@echo "Remove it with: make demo-down"
 
@@ -99,3 +102,5 @@ build: venv ## Build the collection tarball
 
 clean: ## Remove build outputs (not the venv or the lab cache)
 	rm -rf build tests/output llmops-inference-*.tar.gz
+
+include docs/docs.mk
