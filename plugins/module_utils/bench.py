@@ -1,0 +1,453 @@
+# Copyright: (c) 2025, llmops.inference contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Load generator for an SGLang server: N streamed /generate requests at concurrency C, and their statistics.
+
+Private to the llmops.inference collection; not a public API. Standard library plus the collection's
+HTTP client (sglang.py).
+
+Metric names and definitions follow SGLang's own benchmark (``sglang.bench_serving``, 0.5.x) where they mean
+the same thing:
+
+- ``duration`` is the wall time from the first request's start to the last request's end;
+  ``output_throughput`` = completion tokens of the completed requests / duration (tok/s),
+  ``request_throughput`` = completed / duration, ``concurrency`` = sum of E2E latencies / duration.
+- TTFT is the time from sending a request to its first chunk with text; ITL is, for each later chunk that
+  brings new tokens, the time since the previous such chunk divided evenly over those tokens (so a
+  speculative step that emits 3 tokens counts 3 inter-token gaps); TPOT is (E2E - TTFT) / (tokens - 1).
+- Statistics over all completed requests (ITL over all their gaps): mean, median, ``std`` (population
+  standard deviation), ``p90``/``p95``/``p99`` percentiles by linear interpolation between the closest
+  ranks (Hyndman and Fan type 7, numpy's default, which bench_serving uses), ``max_itl_ms``. An empty sample
+  gives ``None`` rather than bench_serving's 0.
+- ``accept_length`` is this run's own: sum of completion tokens / sum of verify steps over the completed
+  requests, the verify steps being each request's ``meta_info.spec_verify_ct`` or, where only
+  ``spec_accept_length`` is reported, completion tokens / ``spec_accept_length``. That is the average
+  accepted length per verify step, SGLang's own definition, without the server's lifetime history
+  (bench_serving reads the server-wide ``avg_spec_accept_length`` instead).
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+import threading
+import time
+from collections import Counter
+
+from ansible.module_utils.urls import Request, make_context
+
+from ansible_collections.llmops.inference.plugins.module_utils.bench_prompts import builtin_prompts, random_prompts
+from ansible_collections.llmops.inference.plugins.module_utils.sglang import (
+    STREAM_DONE,
+    SglangClient,
+    SglangError,
+    SglangTimeout,
+    _is_timeout,
+    _set_read_timeout,
+    validate_url,
+)
+
+PROMPT_SETS = ("builtin", "random")
+LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e_latency")
+ERRORS_SHOWN = 5
+SUMMED_METRICS = (
+    "completed",
+    "failed_requests",
+    "duration",
+    "total_input_tokens",
+    "total_output_tokens",
+    "accept_length_requests",
+)
+
+
+class BenchInputError(ValueError):
+    """A bad option; ``option`` names it."""
+
+    def __init__(self, option: str, message: str):
+        self.option = option
+        super().__init__(f"{option}: {message}")
+
+
+class RequestResult:
+    """One request as the client saw it; times in seconds, ``start_s`` relative to the run's start."""
+
+    def __init__(
+        self,
+        success: bool,
+        start_s: float = 0.0,
+        latency_s: float = 0.0,
+        ttft_s: float | None = None,
+        itls_s: list | None = None,
+        prompt_tokens: int | None = None,
+        completion_tokens: int = 0,
+        spec_accept_length: float | None = None,
+        spec_verify_ct: int | None = None,
+        error: str | None = None,
+    ):
+        self.success = success
+        self.start_s = start_s
+        self.latency_s = latency_s
+        self.ttft_s = ttft_s
+        self.itls_s = itls_s or []
+        self.prompt_tokens = prompt_tokens
+        self.completion_tokens = completion_tokens
+        self.spec_accept_length = spec_accept_length
+        self.spec_verify_ct = spec_verify_ct
+        self.error = error
+
+    @property
+    def verify_steps(self) -> float | None:
+        """Verify steps this request took (see the module docstring), or None when the server did not say."""
+        if not self.success or self.completion_tokens <= 0:
+            return None
+        if self.spec_verify_ct:
+            return float(self.spec_verify_ct)
+        if self.spec_accept_length:
+            return self.completion_tokens / self.spec_accept_length
+        return None
+
+
+def _number(value, kind=float):
+    return kind(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+class StreamingBenchClient(SglangClient):
+    """The collection's SGLang client plus a streamed /generate that keeps the time of every chunk.
+
+    ``SglangClient.generate`` reports only the first-token and end times; ITL needs each chunk's arrival
+    and token count, so this reads the stream itself with the client's transport, auth and error mapping.
+    """
+
+    def prepare(self) -> StreamingBenchClient:
+        """Build the HTTP session now (its TLS context takes tens of ms), not inside the first measured request."""
+        if self._session is None:
+            context = make_context(validate_certs=self.validate_certs)
+            self._session = Request(validate_certs=self.validate_certs, follow_redirects="safe", context=context)
+        return self
+
+    def timed_generate(
+        self, prompt: str, max_new_tokens: int, timeout: float, ignore_eos: bool = True, temperature: float = 0.0
+    ) -> RequestResult:
+        payload = {
+            "text": prompt,
+            "sampling_params": {
+                "temperature": temperature,
+                "max_new_tokens": max_new_tokens,
+                "ignore_eos": ignore_eos,
+            },
+            "stream": True,
+        }
+        started = self._clock()
+        try:
+            response = self._request("/generate", payload, timeout=timeout)
+            try:
+                return self._read_timed_stream(response, started, timeout)
+            finally:
+                response.close()
+        except SglangError as exc:
+            return RequestResult(False, latency_s=self._clock() - started, error=str(exc))
+
+    def _read_timed_stream(self, response, started: float, timeout: float) -> RequestResult:
+        deadline = started + timeout
+        ttft = None
+        itls = []
+        last_at = started
+        last_tokens = 0
+        meta = {}
+        while True:
+            remaining = deadline - self._clock()
+            if remaining <= 0:
+                raise SglangTimeout(f"/generate did not finish within {timeout:.1f} s")
+            _set_read_timeout(response, remaining)
+            try:
+                raw = response.readline()
+            except Exception as exc:
+                if _is_timeout(exc):
+                    raise SglangTimeout(f"/generate did not finish within {timeout:.1f} s") from None
+                raise SglangError(f"reading the /generate stream failed: {exc}") from None
+            if not raw:
+                raise SglangError(f"/generate stream ended without 'data: {STREAM_DONE}'")
+            line = raw.decode("utf-8", "replace").strip()
+            if not line.startswith("data:"):
+                continue
+            data = line[len("data:") :].strip()
+            if data == STREAM_DONE:
+                break
+            chunk = self._decode_generate(data.encode("utf-8"))
+            now = self._clock()
+            meta = chunk.get("meta_info") or meta
+            if not chunk.get("text"):
+                continue
+            tokens = _number(meta.get("completion_tokens"), int)
+            tokens = last_tokens + 1 if tokens is None else tokens
+            if ttft is None:
+                ttft = now - started
+            else:
+                new_tokens = tokens - last_tokens
+                if new_tokens <= 0:
+                    continue
+                itls.extend([(now - last_at) / new_tokens] * new_tokens)
+            last_at = now
+            last_tokens = tokens
+        completion = _number(meta.get("completion_tokens"), int)
+        return RequestResult(
+            True,
+            latency_s=self._clock() - started,
+            ttft_s=ttft,
+            itls_s=itls,
+            prompt_tokens=_number(meta.get("prompt_tokens"), int),
+            completion_tokens=last_tokens if completion is None else completion,
+            spec_accept_length=_number(meta.get("spec_accept_length")),
+            spec_verify_ct=_number(meta.get("spec_verify_ct"), int),
+        )
+
+
+def percentile(values: list, q: float) -> float | None:
+    """The q-th percentile (0..100) by linear interpolation between closest ranks (numpy's default)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100.0
+    low = math.floor(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def distribution(values: list) -> dict:
+    """mean, median, std (population), p90, p95, p99 and max of ``values``; all None when it is empty."""
+    if not values:
+        return dict.fromkeys(("mean", "median", "std", "p90", "p95", "p99", "max"))
+    mean = sum(values) / len(values)
+    return {
+        "mean": mean,
+        "median": percentile(values, 50),
+        "std": math.sqrt(sum((value - mean) ** 2 for value in values) / len(values)),
+        "p90": percentile(values, 90),
+        "p95": percentile(values, 95),
+        "p99": percentile(values, 99),
+        "max": max(values),
+    }
+
+
+def aggregate_accept_length(results: list) -> tuple:
+    """(accept length over this run's completed requests, how many requests reported it); (None, 0) if none."""
+    steps = [(result.completion_tokens, result.verify_steps) for result in results]
+    steps = [(tokens, verify) for tokens, verify in steps if verify]
+    if not steps:
+        return None, 0
+    return sum(tokens for tokens, _verify in steps) / sum(verify for _tokens, verify in steps), len(steps)
+
+
+def _latency_samples(completed: list) -> dict:
+    return {
+        "ttft": [result.ttft_s for result in completed if result.ttft_s is not None],
+        "tpot": [
+            (result.latency_s - result.ttft_s) / (result.completion_tokens - 1)
+            for result in completed
+            if result.ttft_s is not None and result.completion_tokens > 1
+        ],
+        "itl": [gap for result in completed for gap in result.itls_s],
+        "e2e_latency": [result.latency_s for result in completed],
+    }
+
+
+def error_summary(results: list) -> list:
+    """The most frequent failure messages, most frequent first: [{"error": ..., "count": ...}]."""
+    counts = Counter(result.error or "unknown error" for result in results if not result.success)
+    return [{"error": error, "count": count} for error, count in counts.most_common(ERRORS_SHOWN)]
+
+
+def compute_metrics(results: list, duration: float) -> dict:
+    """bench_serving's metrics (plus ``failed_requests``, ``errors`` and our accept length) from request results."""
+    completed = [result for result in results if result.success]
+    output_tokens = sum(result.completion_tokens for result in completed)
+    input_tokens = sum(result.prompt_tokens or 0 for result in completed)
+    per_s = (lambda amount: amount / duration) if duration > 0 else (lambda amount: None)
+    accept_length, accept_requests = aggregate_accept_length(completed)
+    metrics = {
+        "completed": len(completed),
+        # Not "failed": Ansible reads a truthy "failed" in a module's result as the task failing.
+        "failed_requests": len(results) - len(completed),
+        "duration": duration,
+        "total_input_tokens": input_tokens,
+        "total_output_tokens": output_tokens,
+        "request_throughput": per_s(len(completed)),
+        "input_throughput": per_s(input_tokens),
+        "output_throughput": per_s(output_tokens),
+        "total_throughput": per_s(input_tokens + output_tokens),
+        "concurrency": per_s(sum(result.latency_s for result in completed)),
+        "accept_length": accept_length,
+        "accept_length_requests": accept_requests,
+        "errors": error_summary(results),
+    }
+    for name, samples in _latency_samples(completed).items():
+        stats = distribution([sample * 1000.0 for sample in samples])
+        for stat in ("mean", "median", "std", "p90", "p95", "p99"):
+            metrics[f"{stat}_{name}_ms"] = stats[stat]
+        if name == "itl":
+            metrics["max_itl_ms"] = stats["max"]
+    return metrics
+
+
+def combine_runs(runs: list) -> dict:
+    """One set of metrics for several runs of the same requests: counts, token totals and durations summed,
+    error counts merged, every other number the median over the runs (None when a run has none)."""
+    if len(runs) == 1:
+        return dict(runs[0])
+    combined = {}
+    for key in runs[0]:
+        values = [run[key] for run in runs]
+        if key in SUMMED_METRICS:
+            combined[key] = sum(values)
+        elif key == "errors":
+            counts = Counter()
+            for errors in values:
+                counts.update({entry["error"]: entry["count"] for entry in errors})
+            combined[key] = [{"error": error, "count": count} for error, count in counts.most_common(ERRORS_SHOWN)]
+        else:
+            combined[key] = None if any(value is None for value in values) else percentile(values, 50)
+    return combined
+
+
+def run_requests(send, prompts: list, concurrency: int, clock=time.monotonic) -> tuple:
+    """Send every prompt with at most ``concurrency`` in flight; return (results in prompt order, duration).
+
+    ``send(prompt) -> RequestResult`` is called from worker threads; each worker should own its connection.
+    """
+    results = [None] * len(prompts)
+    next_index = iter(range(len(prompts)))
+    lock = threading.Lock()
+    started = clock()
+
+    def worker():
+        while True:
+            with lock:
+                index = next(next_index, None)
+            if index is None:
+                return
+            begun = clock()
+            try:
+                result = send(prompts[index])
+            except Exception as exc:  # a worker must never die silently and leave a hole in the results
+                result = RequestResult(False, latency_s=clock() - begun, error=f"{type(exc).__name__}: {exc}")
+            result.start_s = begun - started
+            results[index] = result
+
+    threads = [threading.Thread(target=worker, daemon=True) for _number in range(min(concurrency, len(prompts)))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results, clock() - started
+
+
+class BenchSettings:
+    """The benchmark's inputs, validated; ``validate()`` raises BenchInputError naming the option."""
+
+    def __init__(
+        self,
+        url: str = "http://127.0.0.1:30000",
+        num_prompts: int = 32,
+        concurrency: int = 8,
+        max_new_tokens: int = 128,
+        prompt_set: str = "builtin",
+        random_input_len: int = 256,
+        seed: int = 0,
+        request_timeout: float = 120.0,
+        warmup_requests: int = 1,
+        repeats: int = 1,
+        ignore_eos: bool = True,
+        temperature: float = 0.0,
+    ):
+        self.url = url
+        self.num_prompts = num_prompts
+        self.concurrency = concurrency
+        self.max_new_tokens = max_new_tokens
+        self.prompt_set = prompt_set
+        self.random_input_len = random_input_len
+        self.seed = seed
+        self.request_timeout = request_timeout
+        self.warmup_requests = warmup_requests
+        self.repeats = repeats
+        self.ignore_eos = ignore_eos
+        self.temperature = temperature
+
+    def validate(self) -> BenchSettings:
+        try:
+            self.url = validate_url(self.url)
+        except ValueError as exc:
+            raise BenchInputError("url", str(exc)) from None
+        for option, minimum in (
+            ("num_prompts", 1),
+            ("concurrency", 1),
+            ("max_new_tokens", 1),
+            ("random_input_len", 1),
+            ("warmup_requests", 0),
+            ("repeats", 1),
+        ):
+            value = getattr(self, option)
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                raise BenchInputError(option, f"must be an integer >= {minimum}, got {value!r}")
+        if self.prompt_set not in PROMPT_SETS:
+            raise BenchInputError("prompt_set", f"must be one of {', '.join(PROMPT_SETS)}, got {self.prompt_set!r}")
+        if self.request_timeout <= 0:
+            raise BenchInputError("request_timeout", f"must be a number of seconds > 0, got {self.request_timeout!r}")
+        if self.temperature < 0:
+            raise BenchInputError("temperature", f"must be >= 0, got {self.temperature!r}")
+        return self
+
+    def prompts(self, count: int, seed_offset: int = 0) -> list:
+        if self.prompt_set == "random":
+            return random_prompts(count, self.random_input_len, self.seed + seed_offset)
+        return builtin_prompts(count)
+
+
+def run_benchmark(settings: BenchSettings, client_factory, clock=time.monotonic) -> dict:
+    """Warm up, then run the measured requests ``repeats`` times; return the metrics plus what was run.
+
+    ``client_factory()`` gives a new StreamingBenchClient; each request in flight uses one of its own, prepared
+    before any request is timed.
+    """
+    # At most `concurrency` requests are in flight, so a pool of that many clients never runs dry.
+    idle_clients = queue.SimpleQueue()
+    for _number in range(min(settings.concurrency, max(settings.warmup_requests, settings.num_prompts))):
+        idle_clients.put(client_factory().prepare())
+
+    def send(prompt: str) -> RequestResult:
+        client = idle_clients.get()
+        try:
+            return client.timed_generate(
+                prompt, settings.max_new_tokens, settings.request_timeout, settings.ignore_eos, settings.temperature
+            )
+        finally:
+            idle_clients.put(client)
+
+    began = clock()
+    warmup = {"requests": settings.warmup_requests, "failed_requests": 0, "duration": 0.0, "errors": []}
+    if settings.warmup_requests:
+        # Not measured. Random warm-up prompts come from another seed than the measured ones, so the
+        # server's prefix cache does not make the measured requests look faster than they are.
+        warm_prompts = settings.prompts(settings.warmup_requests, seed_offset=1)
+        warm_results, warm_duration = run_requests(send, warm_prompts, settings.concurrency, clock)
+        warmup.update(
+            failed_requests=sum(1 for result in warm_results if not result.success),
+            duration=warm_duration,
+            errors=error_summary(warm_results),
+        )
+    prompts = settings.prompts(settings.num_prompts)
+    runs = []
+    for _repeat in range(settings.repeats):
+        results, duration = run_requests(send, prompts, settings.concurrency, clock)
+        runs.append(compute_metrics(results, duration))
+    metrics = combine_runs(runs)
+    metrics.update(
+        runs=runs,
+        repeats=settings.repeats,
+        num_prompts=settings.num_prompts,
+        max_concurrency=settings.concurrency,
+        max_new_tokens=settings.max_new_tokens,
+        prompt_set=settings.prompt_set,
+        warmup=warmup,
+        elapsed_s=clock() - began,
+    )
+    return metrics

@@ -1,0 +1,162 @@
+# Copyright: (c) 2025, llmops.inference contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""A sweep's results directory on the controller: its definition, one file per finished point, resume.
+
+Private to the llmops.inference collection; not a public API. Standard library only.
+
+Layout of ``sweep_results_dir``::
+
+    sweep.json          what is swept and how it is measured, and the history of runs
+    points/<id>.json    one record per finished point (measured or failed), written when the point ends
+    results.*           the reports (sweep_report.py), rewritten at the end of every run
+
+A point's file is written atomically as soon as the point ends, by whichever host ran it, so a killed
+sweep loses at most the points in progress and a re-run with resume skips every point that has a file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+
+from ansible_collections.llmops.inference.plugins.module_utils.atomic_file import atomic_write
+from ansible_collections.llmops.inference.plugins.module_utils.sweep_plan import SweepInputError
+
+DEFINITION_FILE = "sweep.json"
+POINTS_DIR = "points"
+REPORT_PREFIX = "results."
+# What makes two runs' numbers comparable; a resumed run must match the earlier one in all of these.
+MEASUREMENT_KEYS = ("algorithm", "repeats", "warmup_requests", "bench")
+
+
+def _dump(data) -> bytes:
+    return (json.dumps(data, indent=2, sort_keys=True) + "\n").encode("utf-8")
+
+
+def _utc_stamp(epoch: float) -> str:
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(epoch))
+
+
+class ResultsDir:
+    """``sweep_results_dir`` on the controller."""
+
+    def __init__(self, path: str):
+        if not isinstance(path, str) or not os.path.isabs(path):
+            raise SweepInputError("sweep_results_dir", f"must be an absolute path on the controller, got {path!r}")
+        self.path = os.path.normpath(path)
+        self.points_dir = os.path.join(self.path, POINTS_DIR)
+        self.definition_path = os.path.join(self.path, DEFINITION_FILE)
+
+    def ensure_writable(self) -> None:
+        """Create the directory (and points/) and prove a file can be written there."""
+        try:
+            os.makedirs(self.points_dir, exist_ok=True)
+            fd, probe = tempfile.mkstemp(prefix=".write-test.", dir=self.points_dir)
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as exc:
+            raise SweepInputError(
+                "sweep_results_dir", f"cannot be written on the controller: {self.path}: {exc.strerror or exc}"
+            ) from None
+
+    def check_writable(self) -> None:
+        """Like ensure_writable, without creating anything (check mode): the nearest existing directory must be
+        writable."""
+        existing = self.points_dir
+        while not os.path.exists(existing):
+            existing = os.path.dirname(existing)
+        if not os.path.isdir(existing):
+            raise SweepInputError(
+                "sweep_results_dir", f"cannot be written on the controller: {existing} is not a directory"
+            )
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise SweepInputError(
+                "sweep_results_dir", f"cannot be written on the controller: {existing} is not writable"
+            )
+
+    def read_definition(self) -> dict | None:
+        try:
+            with open(self.definition_path, encoding="utf-8") as handle:
+                return json.load(handle)
+        except FileNotFoundError:
+            return None
+        except ValueError as exc:
+            raise SweepInputError(
+                "sweep_results_dir", f"holds an unreadable {DEFINITION_FILE} ({exc}); move it away or pick another"
+            ) from None
+
+    def point_records(self) -> list:
+        """Every recorded point, sorted by point id; unreadable files are skipped (a write cut short)."""
+        records = []
+        if not os.path.isdir(self.points_dir):
+            return records
+        for name in sorted(os.listdir(self.points_dir)):
+            if not name.endswith(".json"):
+                continue
+            try:
+                with open(os.path.join(self.points_dir, name), encoding="utf-8") as handle:
+                    records.append(json.load(handle))
+            except (OSError, ValueError):
+                continue
+        return records
+
+    def write_point(self, record: dict) -> str:
+        os.makedirs(self.points_dir, exist_ok=True)
+        path = os.path.join(self.points_dir, record["point"]["id"] + ".json")
+        atomic_write(path, _dump(record))
+        return path
+
+    def write_file(self, name: str, data: bytes) -> str:
+        path = os.path.join(self.path, name)
+        atomic_write(path, data)
+        return path
+
+    def _move_aside(self, now: float) -> str | None:
+        """Move an earlier run's files into replaced-<UTC time>/; return that directory, or None if none."""
+        entries = [
+            name
+            for name in (os.listdir(self.path) if os.path.isdir(self.path) else [])
+            if name in (DEFINITION_FILE, POINTS_DIR) or name.startswith(REPORT_PREFIX)
+        ]
+        if not entries or (entries == [POINTS_DIR] and not os.listdir(self.points_dir)):
+            return None
+        aside = os.path.join(self.path, f"replaced-{_utc_stamp(now)}")
+        os.makedirs(aside, exist_ok=True)
+        for name in entries:
+            os.replace(os.path.join(self.path, name), os.path.join(aside, name))
+        return aside
+
+    def start_run(self, definition: dict, resume: bool, run: dict, now: float, retry_failed: bool = False) -> dict:
+        """Begin a run: check or replace earlier results; return {"done": [ids], "replaced": dir or None}.
+
+        With ``resume``, earlier results must come from the same measurement (MEASUREMENT_KEYS) or the
+        numbers would not compare, and recorded points count as done (failed ones too, unless
+        ``retry_failed``); without it, earlier results are moved aside, never deleted.
+        """
+        self.ensure_writable()
+        earlier = self.read_definition()
+        replaced = None
+        if resume and earlier is not None:
+            before = earlier.get("definition", {})
+            differ = [key for key in MEASUREMENT_KEYS if before.get(key) != definition.get(key)]
+            if differ:
+                raise SweepInputError(
+                    "sweep_resume",
+                    f"is true but {self.path} holds a sweep measured differently (differs in: {', '.join(differ)}; "
+                    f"before: {json.dumps({key: before.get(key) for key in differ}, sort_keys=True)}); set "
+                    "sweep_resume: false to start over (earlier results are moved aside) or use another "
+                    "sweep_results_dir",
+                )
+        elif not resume:
+            replaced = self._move_aside(now)
+            earlier = None
+        os.makedirs(self.points_dir, exist_ok=True)
+        runs = list((earlier or {}).get("runs", []))
+        runs.append(run)
+        self.write_file(DEFINITION_FILE, _dump({"definition": definition, "runs": runs}))
+        records = self.point_records() if resume else []
+        done = [record["point"]["id"] for record in records if not (retry_failed and record["status"] != "measured")]
+        return {"done": done, "replaced": replaced}
