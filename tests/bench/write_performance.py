@@ -11,6 +11,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 FIGURES = ROOT / "build" / "bench" / "figures.json"
+SWEEP = ROOT / "build" / "bench" / "spec_sweep.json"
 OUTPUT = ROOT / "docs" / "performance.md"
 
 HEADER = """# Performance
@@ -39,11 +40,38 @@ def machine() -> str:
     )
 
 
+def sweep_figures() -> dict:
+    """The sweep benchmark (tests/e2e/test_spec_sweep.py -k benchmark) writes its own file."""
+    if not SWEEP.exists():
+        return {}
+    bench = json.loads(SWEEP.read_text())["benchmark"]
+    overhead = bench["overhead_ratio_one_host"]["measured"]
+    speedup = bench["speedup_three_hosts"]["measured"]
+    one = bench["one_host"]
+    return {
+        "sweep_overhead": {
+            "issue": "spec_sweep.yml",
+            "figure": f"sweep wall time / sum of its loads and benchmark runs, one host ({bench['setup']})",
+            "value": f"{overhead:.2f} ({one['sweep_wall_s']:.0f} s / {one['load_bench_sum_s']:.0f} s)",
+            "target": "<= 1.15",
+            "met": overhead <= 1.15,
+        },
+        "sweep_speedup": {
+            "issue": "spec_sweep.yml",
+            "figure": "3 hosts vs 1 on the same grid: speedup of the sweep",
+            "value": f"{speedup:.2f}x",
+            "target": ">= 2.4x",
+            "met": speedup >= 2.4,
+        },
+    }
+
+
 def main() -> int:
     if not FIGURES.exists():
         print(f"no figures at {FIGURES}: run the benchmarks first (make bench)", file=sys.stderr)
         return 1
     figures = json.loads(FIGURES.read_text())
+    figures.update(sweep_figures())
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [HEADER.format(machine=machine(), when=when)]
     for figure in sorted(figures.values(), key=lambda item: (item["issue"], item["figure"])):

@@ -34,11 +34,15 @@ pkill -KILL -f '^sglang::' 2>/dev/null
 pkill -KILL -f '[s]glang_sim' 2>/dev/null  # bracket: do not match this script's own command line
 pkill -KILL -f '[s]imgpu-claim' 2>/dev/null
 rm -rf /var/lib/simgpu/claims/* /var/lib/llmops /run/lock/llmops*
-# A test that patched sglang and failed before restoring must not leak into the next one.
-VENV=/opt/sglang/venv
-$VENV/bin/python -c 'import sys; from sglang_sim import sources as s; sys.exit(bool(s.modified_sources(s.locate())))' \
-  || $VENV/bin/pip install -q --no-deps --no-index --force-reinstall /var/cache/llmops-lab/wheels/sglang-*.whl
 exit 0
+"""
+
+# A test that patched sglang and failed before restoring must not leak into the next one. Kept apart from
+# RESET_SCRIPT, whose pkill patterns must not match its own command line.
+PRISTINE_SCRIPT = """
+VENV=/opt/sglang/venv
+$VENV/bin/python -c 'import sys; from sglang_sim import sources as s; sys.exit(bool(s.modified_sources(s.locate())))' \\
+  || $VENV/bin/pip install -q --no-deps --no-index --force-reinstall /var/cache/llmops-lab/wheels/sglang-*.whl
 """
 
 
@@ -107,8 +111,13 @@ class Lab:
         diff: bool = False,
         limit: str | None = None,
         timeout: float = 1200,
+        inventories: tuple = (),
     ) -> subprocess.CompletedProcess:
-        cmd = ["ansible-playbook", "-i", str(self.inventory), str(playbook)]
+        """Run a playbook against the lab's inventory, with ``inventories`` (paths) layered over it."""
+        cmd = ["ansible-playbook", "-i", str(self.inventory)]
+        for inventory in inventories:
+            cmd += ["-i", str(inventory)]
+        cmd.append(str(playbook))
         if extra_vars:
             cmd += ["-e", json.dumps(extra_vars)]
         if check:
@@ -121,7 +130,11 @@ class Lab:
 
     def reset(self) -> None:
         for host in self.hosts:
-            self.exec(host, RESET_SCRIPT)
+            for script in (RESET_SCRIPT, PRISTINE_SCRIPT):
+                proc = self.exec(host, script)
+                assert proc.returncode == 0, (
+                    f"resetting {host} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+                )
 
 
 def parse_oneline(stdout: str, stderr: str, rc: int) -> dict:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import time
 from pathlib import Path
 
 import pytest
@@ -174,3 +175,69 @@ def test_probe_gate_latency_and_overhead(clean_lab, figures):
         target="< 0.5 s",
         met=overhead < 0.5,
     )
+
+
+LAB_INVENTORY = Path(__file__).resolve().parents[2] / "tests" / "lab" / "inventory"
+PLAYBOOKS = Path(__file__).resolve().parent / "playbooks"
+DEPLOY = Path(__file__).resolve().parents[2] / "playbooks" / "deploy.yml"
+JOURNAL_TIMES = r"""
+import json, subprocess, sys
+command = ["journalctl", "-u", "sglang.service", "-o", "short-unix", "--no-pager", "--since", "@" + sys.argv[1]]
+lines = subprocess.run(command, capture_output=True, text=True, check=True).stdout.splitlines()
+def first(*texts):
+    return next(float(line.split()[0]) for line in lines if any(text in line for text in texts))
+print(json.dumps({"stopping": first("Stopping "), "stopped": first("Stopped ", "Deactivated successfully"),
+                  "started": first("Started "), "ready": first("The server is fired up and ready to roll")}))
+"""
+
+
+def test_restart_chain_overhead_over_drain_and_load(clean_lab, figures):
+    host = clean_lab.hosts[0]
+    variables = {
+        "bench_host": host,
+        "sglang_service_environment": {"SGLANG_SIM_LOAD_TIME": "10", "SGLANG_SIM_DRAIN_TIME": "2"},
+    }
+    up = clean_lab.playbook(PLAYBOOKS / "bench_service.yml", variables, inventories=(LAB_INVENTORY,))
+    assert up.returncode == 0, up.stdout[-4000:]
+    since = sh(clean_lab, host, "date +%s.%N").strip()
+    restart = clean_lab.playbook(
+        PLAYBOOKS / "bench_restart.yml",
+        variables | {"bench_result": "/run/bench-gate.json"},
+        inventories=(LAB_INVENTORY,),
+    )
+    assert restart.returncode == 0, restart.stdout[-4000:]
+    gate = json.loads(sh(clean_lab, host, "cat /run/bench-gate.json"))
+    times = json.loads(sh(clean_lab, host, f"python3 - {since} <<'EOF'\n{JOURNAL_TIMES}\nEOF"))
+    engine = (times["stopped"] - times["stopping"]) + (times["ready"] - times["started"])
+    ratio = gate["elapsed_s"] / engine
+    figures.record(
+        "restart_chain_ratio",
+        issue="sglang_service",
+        figure="restart chain wall time / the engine's own drain + load time (10 s simulated load)",
+        value=f"{ratio:.2f} ({gate['elapsed_s']:.1f} s / {engine:.1f} s)",
+        target="<= 1.2",
+        met=ratio <= 1.2,
+    )
+
+
+def test_noop_deploy_scales_with_the_fleet(lab, figures):
+    lab.reset()
+    inventories = (LAB_INVENTORY,)
+    first = lab.playbook(DEPLOY, inventories=inventories, timeout=1800)
+    assert first.returncode == 0, first.stdout[-4000:]
+    walls = {}
+    for label, limit in (("one", lab.hosts[0]), ("all", None)):
+        started = time.monotonic()
+        run = lab.playbook(DEPLOY, inventories=inventories, limit=limit, timeout=1800)
+        walls[label] = time.monotonic() - started
+        assert run.returncode == 0, run.stdout[-4000:]
+    ratio = walls["all"] / walls["one"]
+    figures.record(
+        "noop_deploy_scaling",
+        issue="deploy.yml",
+        figure=f"no-op deploy wall time on {len(lab.hosts)} hosts / on 1 host",
+        value=f"{ratio:.2f} ({walls['all']:.1f} s / {walls['one']:.1f} s)",
+        target="<= 2.0",
+        met=ratio <= 2.0,
+    )
+    lab.reset()
