@@ -196,7 +196,7 @@ def test_steps_1_to_10_records_the_oom_points_plots_and_restores_the_original(sw
 
 
 def test_three_hosts_sweep_the_same_grid_faster_and_apply_the_best(sweep_lab, one_host_sweep, tmp_path):
-    one, _ = one_host_sweep
+    one, _one_results_dir = one_host_sweep
     three = run_sweep(sweep_lab, tmp_path / "results", "lab", list(range(1, 11)), sweep_apply="best")
     assert {record["host"] for record in three["points"]} == set(sweep_lab.hosts)
     assert [row["status"] for row in three["summary"]] == [row["status"] for row in one["summary"]]

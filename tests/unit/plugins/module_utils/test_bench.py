@@ -177,7 +177,7 @@ def test_run_requests_turns_an_exception_into_a_failed_request():
     def send(prompt):
         raise RuntimeError("socket exploded")
 
-    results, _ = run_requests(send, ["a", "b"], concurrency=4)
+    results, _wall = run_requests(send, ["a", "b"], concurrency=4)
     assert [result.success for result in results] == [False, False]
     assert results[0].error == "RuntimeError: socket exploded"
 
