@@ -179,7 +179,9 @@ def lab():
     try:
         yield booted
     finally:
-        subprocess.run([str(LAB_CLI), "down", "--name", name], check=False, timeout=300)
+        # LLMOPS_LAB_KEEP=1 leaves the lab up to look at its hosts after a failure; `tests/lab/lab down` ends it.
+        if os.environ.get("LLMOPS_LAB_KEEP") != "1":
+            subprocess.run([str(LAB_CLI), "down", "--name", name], check=False, timeout=300)
 
 
 @pytest.fixture

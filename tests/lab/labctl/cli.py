@@ -126,7 +126,7 @@ def cmd_up(args) -> int:
             merged = hosts.mount_overlay(rootfs, host_dir)
             payload.install(merged, host, container_side, host_side, public_key, args.gpus, simgpu_build)
             log_path = state.run_dir / f"{host}.console.log"
-            pid = hosts.start_container(host, merged, log_path)
+            pid = hosts.start_container(host, merged, log_path, hosts.host_cgroups(state, host))
             data["hosts"].append(
                 {
                     "name": host,

@@ -14,6 +14,9 @@ from .state import LabState
 from .system import LabError, run, wait_for
 
 BOOT_TIMEOUT = 120.0
+# The cgroup hierarchies systemd-nspawn and the hosts' systemd use on a hybrid (v1 + v2) machine.
+CGROUP_HIERARCHIES = (Path("/sys/fs/cgroup/unified"), Path("/sys/fs/cgroup/systemd"))
+CGROUP_LAB_DIR = "llmops-lab"
 
 
 def mount_overlay(lower: Path, host_dir: Path) -> Path:
@@ -24,8 +27,29 @@ def mount_overlay(lower: Path, host_dir: Path) -> Path:
     return merged
 
 
-def start_container(host: str, merged: Path, log_path: Path) -> int:
-    """Start systemd-nspawn detached in its own session; return its PID."""
+def host_cgroups(state: LabState, host: str = "") -> list[Path]:
+    """The lab's (or one host's) cgroup directories, in every hierarchy that this machine mounts."""
+    parts = [CGROUP_LAB_DIR, state.name] + ([host] if host else [])
+    return [root.joinpath(*parts) for root in CGROUP_HIERARCHIES if (root / "cgroup.procs").exists()]
+
+
+def _enter_cgroups(cgroups: list[Path]):
+    def enter() -> None:
+        for cgroup in cgroups:
+            (cgroup / "cgroup.procs").write_text("0")
+
+    return enter
+
+
+def start_container(host: str, merged: Path, log_path: Path, cgroups: list[Path]) -> int:
+    """Start systemd-nspawn detached in its own session and cgroups; return its PID.
+
+    With --keep-unit and no systemd outside, nspawn puts the container under its own cgroup. Started from
+    one cgroup, every host would share one tree: one host's systemd would then remove, kill and count
+    the processes of another host's unit of the same name. So each host gets a cgroup of its own first.
+    """
+    for cgroup in cgroups:
+        cgroup.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
             [
@@ -46,6 +70,7 @@ def start_container(host: str, merged: Path, log_path: Path) -> int:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=_enter_cgroups(cgroups),  # noqa: PLW1509 - writes only its own pid to cgroup files
         )
     return proc.pid
 
@@ -179,14 +204,28 @@ def teardown(state: LabState) -> list[str]:
             run(["umount", "-l", point], check=False)
     for link in lab_links(state):
         run(["ip", "link", "del", link], check=False)
+    remove_cgroups(state)
     leftovers = leftover_report(state)
     if not leftovers:
         run(["rm", "-rf", "--one-file-system", str(state.hosts_dir), str(state.run_dir)], check=False)
     return leftovers
 
 
+def remove_cgroups(state: LabState) -> None:
+    """Remove the lab's cgroup trees, deepest first (a cgroup that still has processes stays)."""
+    for top in host_cgroups(state):
+        if not top.is_dir():
+            continue
+        for directory, _subdirs, _files in sorted(os.walk(top), key=lambda entry: len(entry[0]), reverse=True):
+            try:
+                os.rmdir(directory)
+            except OSError:
+                pass
+
+
 def leftover_report(state: LabState) -> list[str]:
     report = [f"process {pid} (systemd-nspawn)" for pid in lab_nspawn_pids(state)]
     report += [f"mount {point}" for point in lab_mounts(state)]
     report += [f"link {link}" for link in lab_links(state)]
+    report += [f"cgroup {cgroup}" for cgroup in host_cgroups(state) if cgroup.is_dir()]
     return report

@@ -214,10 +214,9 @@ def parse(argv: list[str], environ: dict | None = None) -> tuple[argparse.Namesp
     _apply_env(parser, ns, environ)
     _validate_knobs(parser, ns)
     _validate_sglang(parser, ns)
-    ns.faults = _parse_faults(parser, ns, environ)
-    if ns.sim_drain_time is None:
-        slow = faults_mod.SLOW_DRAIN in ns.faults
-        ns.sim_drain_time = SLOW_DRAIN_DEFAULT_DRAIN_TIME if slow else DEFAULT_DRAIN_TIME
+    ns.sim_drain_time_given = ns.sim_drain_time is not None
+    ns.faults = frozenset()
+    add_faults(ns, _parse_faults(parser, ns, environ))
     ns.rank_gpus = _assign_gpus(parser, ns, environ)
     ns.tokenizer_path = ns.tokenizer_path or ns.model_path
     ns.served_model_name = ns.served_model_name or ns.model_path
@@ -225,3 +224,11 @@ def parse(argv: list[str], environ: dict | None = None) -> tuple[argparse.Namesp
     if ns.mem_fraction_static is None:
         ns.mem_fraction_static = DEFAULT_MEM_FRACTION_STATIC
     return ns, ignored
+
+
+def add_faults(ns: argparse.Namespace, names: frozenset[str]) -> None:
+    """Turn on more faults (also after parsing, for faults the patched sources declare); drain defaults follow."""
+    ns.faults = ns.faults | names
+    if not ns.sim_drain_time_given:
+        slow = faults_mod.SLOW_DRAIN in ns.faults
+        ns.sim_drain_time = SLOW_DRAIN_DEFAULT_DRAIN_TIME if slow else DEFAULT_DRAIN_TIME

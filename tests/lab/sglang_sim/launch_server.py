@@ -1,8 +1,9 @@
 """`python -m sglang_sim.launch_server`: the simulated SGLang server's main process.
 
 Order of a launch, as SGLang's: validate arguments; read the installed sglang (modified sources must
-compile, the algorithm must exist); fork the schedulers and the detokenizer and wait for every
-scheduler to load; only then listen on HTTP; /health turns 200 after the warm-up. SIGTERM drains.
+compile, the algorithm must exist; a modified source may declare faults, see sources.py); fork the
+schedulers and the detokenizer and wait for every scheduler to load; only then listen on HTTP; /health
+turns 200 after the warm-up. SIGTERM drains.
 """
 
 from __future__ import annotations
@@ -232,6 +233,15 @@ def main(argv: list[str] | None = None) -> int:
     except sources.SglangNotInstalled as exc:
         logger.error("sglang_sim: %s", exc)
         return 1
+    modified = sources.modified_sources(installed)
+    try:
+        declared = sources.declared_faults(installed, modified)
+    except ValueError as exc:
+        logger.error("sglang_sim: modified sglang source %s", exc)
+        return 2
+    for relative, names in declared.items():
+        logger.warning("sglang_sim: the modified source %s declares faults: %s", relative, ", ".join(sorted(names)))
+        args.add_faults(ns, names)
     model = info.read_model_config(ns.model_path, ns.context_length)
     spec = _resolve_spec(ns, installed, model)
     for warning in spec.warnings:
@@ -243,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     logger.info("server_args=ServerArgs(%s)", ", ".join(f"{k}={v!r}" for k, v in state.args.items()))
     if ns.faults:
         logger.warning("sglang_sim faults on: %s", ", ".join(sorted(ns.faults)))
-    sources.compile_sources(sources.modified_sources(installed))
+    sources.compile_sources(modified)
     server = Server(ns, state)
     try:
         server.bind()

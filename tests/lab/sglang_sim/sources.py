@@ -3,6 +3,11 @@
 The simulator stands in for SGLang's process, not its sources: the algorithm names come from the
 installed spec_info.py, and an installed .py file that differs from the wheel's RECORD is compiled
 during the load, so a patch that does not compile crashes the launch as it would on a real host.
+
+What a patch does at run time cannot be simulated from its code, so a patched file can say it: a comment
+line `# sglang-sim-fault: degenerate` (any fault names, comma-separated) in a file that differs from the
+wheel turns those faults on, as if the patched runtime behaved that way. The wheel's own files are never read
+for it.
 """
 
 from __future__ import annotations
@@ -13,15 +18,19 @@ import csv
 import hashlib
 import importlib.util
 import os
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from . import faults
 
 SPEC_INFO = Path("srt") / "speculative" / "spec_info.py"
 SPEC_REGISTRY = Path("srt") / "speculative" / "spec_registry.py"
 ENUM_CLASS = "SpeculativeAlgorithm"
 ALIASES_NAME = "_RESERVED_ALIASES"
 FALLBACK_VERSION = "0.5.23"
+FAULT_MARKER = re.compile(r"^[ \t]*#[ \t]*sglang-sim-fault:(.*)$", re.MULTILINE)
 
 
 class SglangNotInstalled(Exception):
@@ -133,3 +142,22 @@ def compile_sources(paths: list[Path]) -> None:
     """Compile each file as the import would; a SyntaxError propagates with the file's name and line."""
     for path in paths:
         compile(path.read_bytes(), str(path), "exec", dont_inherit=True)
+
+
+def declared_faults(installed: InstalledSglang, paths: list[Path]) -> dict[str, frozenset[str]]:
+    """Faults named by `# sglang-sim-fault:` lines in the given (modified) files, by path relative to site-packages.
+
+    Raises ValueError naming the file and the line for an unknown fault.
+    """
+    declared = {}
+    for path in paths:
+        relative = path.relative_to(installed.site_dir).as_posix()
+        names: frozenset[str] = frozenset()
+        for match in FAULT_MARKER.finditer(path.read_text(errors="replace")):
+            try:
+                names |= faults.parse_faults([match.group(1)])
+            except ValueError as exc:
+                raise ValueError(f"{relative}: {match.group(0).strip()!r}: {exc}") from None
+        if names:
+            declared[relative] = names
+    return declared

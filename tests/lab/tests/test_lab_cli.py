@@ -126,3 +126,28 @@ def test_up_cleans_a_stale_lab_of_the_same_name():
     finally:
         run_lab("down", "--name", name)
     assert leftovers(name) == []
+
+
+@pytest.mark.lab
+def test_each_host_has_cgroups_of_its_own():
+    # Two hosts run a unit of the same name; stopping it on one (KillMode=control-group) leaves the other's.
+    name = "cgrp"
+    unit = "systemd-run --unit=twin --property=KillMode=control-group sleep 600"
+    try:
+        up = run_lab("up", "--name", name, "--hosts", "2")
+        assert up.returncode == 0, up.stderr
+        state = LabState(name)
+        assert all(cgroup.is_dir() for host in ("cgrp1", "cgrp2") for cgroup in hosts.host_cgroups(state, host))
+        for host in ("cgrp1", "cgrp2"):
+            started = run_lab("exec", "--name", name, host, "--", "sh", "-c", unit)
+            assert started.returncode == 0, started.stderr
+        stopped = run_lab("exec", "--name", name, "cgrp1", "--", "systemctl", "stop", "twin.service")
+        assert stopped.returncode == 0, stopped.stderr
+        other = run_lab("exec", "--name", name, "cgrp2", "--", "systemctl", "show", "-P", "SubState", "twin.service")
+        assert other.stdout.strip() == "running"
+        again = run_lab("exec", "--name", name, "cgrp1", "--", "sh", "-c", unit)
+        assert again.returncode == 0, again.stderr
+    finally:
+        down = run_lab("down", "--name", name)
+    assert down.returncode == 0, down.stderr
+    assert leftovers(name) == []

@@ -291,6 +291,32 @@ def test_modified_sources_are_found_and_compiled(tmp_path):
     assert error.value.filename.endswith("changed.py")
 
 
+def test_modified_sources_declare_faults_and_unknown_names_are_named(tmp_path):
+    package = tmp_path / "sglang"
+    package.mkdir()
+    sampler = package / "sampler.py"
+    sampler.write_text(
+        "x = 1\n    #  sglang-sim-fault: degenerate, slow-drain\ny = 2  # sglang-sim-fault: crash-on-load\n"
+    )
+    (package / "quiet.py").write_text("z = 3\n")
+    installed = sources.InstalledSglang(package, None)
+    assert sources.declared_faults(installed, [sampler, package / "quiet.py"]) == {
+        "sglang/sampler.py": {"degenerate", "slow-drain"}
+    }
+    sampler.write_text("# sglang-sim-fault: melt\n")
+    with pytest.raises(ValueError, match=r"sglang/sampler.py: '# sglang-sim-fault: melt': unknown fault 'melt'"):
+        sources.declared_faults(installed, [sampler])
+
+
+def test_faults_added_after_parsing_move_the_drain_default_unless_it_was_given(gpu_state):
+    ns, _ignored = parse([])
+    args.add_faults(ns, frozenset({"slow-drain"}))
+    assert ns.faults == {"slow-drain"} and ns.sim_drain_time == args.SLOW_DRAIN_DEFAULT_DRAIN_TIME
+    ns, _ignored = parse(["--sim-fault", "degenerate"], {"SGLANG_SIM_DRAIN_TIME": "3"})
+    args.add_faults(ns, frozenset({"slow-drain"}))
+    assert ns.faults == {"degenerate", "slow-drain"} and ns.sim_drain_time == 3.0
+
+
 # -- text and titles ------------------------------------------------------------------------------------------------
 def test_greedy_text_is_deterministic_and_one_piece_per_token():
     key = textgen.generation_key("Hello", 0.0, seed=1, request_id="a")

@@ -525,6 +525,18 @@ def test_degenerate_output(start):
     assert json.loads(generate(sim, 8)[1])["text"] == "!!!!!!!!"
 
 
+def test_a_modified_source_can_declare_the_degenerate_fault(start, lab_env):
+    site = Path(lab_env["PYTHONPATH"].split(os.pathsep)[1])
+    common = site / "sglang" / "srt" / "utils" / "common.py"
+    original = common.read_text()
+    common.write_text(original + "# sglang-sim-fault: degenerate\n")
+    sim = start(*FAST)
+    assert json.loads(generate(sim, 8)[1])["text"] == "!!!!!!!!"
+    sim.kill()
+    common.write_text(original.replace("return True", "return True  # sglang-sim-fault: degenerate"))
+    assert json.loads(generate(start(*FAST), 8)[1])["text"] != "!!!!!!!!"
+
+
 def test_crash_on_load(start, lab_env):
     sim = start("--tp-size", "2", "--sim-fault", "crash-on-load", *FAST, healthy=False)
     code, err = sim.finish()
