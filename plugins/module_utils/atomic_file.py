@@ -23,16 +23,22 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def sha256_file(path: str) -> str | None:
-    """Hex sha256 of a file's content, or None when it does not exist."""
-    digest = hashlib.sha256()
+def file_digest(path: str, algorithm: str = "sha256"):
+    """The ``hashlib`` hash of a file's content, read in chunks, or None when the file does not exist."""
+    digest = hashlib.new(algorithm)
     try:
         with open(path, "rb") as handle:
             for chunk in iter(lambda: handle.read(CHUNK), b""):
                 digest.update(chunk)
     except FileNotFoundError:
         return None
-    return digest.hexdigest()
+    return digest
+
+
+def sha256_file(path: str) -> str | None:
+    """Hex sha256 of a file's content, or None when it does not exist."""
+    digest = file_digest(path)
+    return None if digest is None else digest.hexdigest()
 
 
 def read_bytes(path: str) -> bytes | None:

@@ -34,16 +34,11 @@ import threading
 import time
 from collections import Counter
 
-from ansible.module_utils.urls import Request, make_context
-
 from ansible_collections.llmops.inference.plugins.module_utils.bench_prompts import builtin_prompts, random_prompts
+from ansible_collections.llmops.inference.plugins.module_utils.module_support import PrefixedOptionError, refused_as
 from ansible_collections.llmops.inference.plugins.module_utils.sglang import (
-    STREAM_DONE,
     SglangClient,
     SglangError,
-    SglangTimeout,
-    _is_timeout,
-    _set_read_timeout,
     validate_url,
 )
 
@@ -60,12 +55,8 @@ SUMMED_METRICS = (
 )
 
 
-class BenchInputError(ValueError):
+class BenchInputError(PrefixedOptionError):
     """A bad option; ``option`` names it."""
-
-    def __init__(self, option: str, message: str):
-        self.option = option
-        super().__init__(f"{option}: {message}")
 
 
 class RequestResult:
@@ -115,14 +106,13 @@ class StreamingBenchClient(SglangClient):
     """The collection's SGLang client plus a streamed /generate that keeps the time of every chunk.
 
     ``SglangClient.generate`` reports only the first-token and end times; ITL needs each chunk's arrival
-    and token count, so this reads the stream itself with the client's transport, auth and error mapping.
+    and token count, so this times the stream's chunks itself, read with the client's transport, auth and
+    error mapping.
     """
 
     def prepare(self) -> StreamingBenchClient:
         """Build the HTTP session now (its TLS context takes tens of ms), not inside the first measured request."""
-        if self._session is None:
-            context = make_context(validate_certs=self.validate_certs)
-            self._session = Request(validate_certs=self.validate_certs, follow_redirects="safe", context=context)
+        self._ensure_session()
         return self
 
     def timed_generate(
@@ -154,26 +144,8 @@ class StreamingBenchClient(SglangClient):
         last_at = started
         last_tokens = 0
         meta = {}
-        while True:
-            remaining = deadline - self._clock()
-            if remaining <= 0:
-                raise SglangTimeout(f"/generate did not finish within {timeout:.1f} s")
-            _set_read_timeout(response, remaining)
-            try:
-                raw = response.readline()
-            except Exception as exc:
-                if _is_timeout(exc):
-                    raise SglangTimeout(f"/generate did not finish within {timeout:.1f} s") from None
-                raise SglangError(f"reading the /generate stream failed: {exc}") from None
-            if not raw:
-                raise SglangError(f"/generate stream ended without 'data: {STREAM_DONE}'")
-            line = raw.decode("utf-8", "replace").strip()
-            if not line.startswith("data:"):
-                continue
-            data = line[len("data:") :].strip()
-            if data == STREAM_DONE:
-                break
-            chunk = self._decode_generate(data.encode("utf-8"))
+        timed_out = f"/generate did not finish within {timeout:.1f} s"
+        for chunk in self._stream_chunks(response, deadline, timeout_message=lambda: timed_out):
             now = self._clock()
             meta = chunk.get("meta_info") or meta
             if not chunk.get("text"):
@@ -373,10 +345,8 @@ class BenchSettings:
         self.temperature = temperature
 
     def validate(self) -> BenchSettings:
-        try:
+        with refused_as("url", BenchInputError):
             self.url = validate_url(self.url)
-        except ValueError as exc:
-            raise BenchInputError("url", str(exc)) from None
         for option, minimum in (
             ("num_prompts", 1),
             ("concurrency", 1),

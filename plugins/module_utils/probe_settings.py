@@ -9,9 +9,9 @@ Private to the llmops.inference collection; not a public API.
 from __future__ import annotations
 
 import re
-from contextlib import contextmanager
 
 from ansible_collections.llmops.inference.plugins.module_utils.degenerate import DEFAULT_MIN_DISTINCT_RATIO
+from ansible_collections.llmops.inference.plugins.module_utils.module_support import OptionError, refused_as
 from ansible_collections.llmops.inference.plugins.module_utils.sglang import DEFAULT_URL, validate_url
 from ansible_collections.llmops.inference.plugins.module_utils.systemd import normalize_unit_name
 
@@ -38,12 +38,8 @@ def parse_expected_gpus(value) -> tuple:
     raise ValueError(f"expected_gpus must be a GPU count or a list of GPU indices or UUIDs, got {value!r}")
 
 
-class ProbeInputError(ValueError):
+class ProbeInputError(OptionError):
     """An option is wrong; ``option`` names it and the message says what is accepted."""
-
-    def __init__(self, option: str, message: str):
-        super().__init__(message)
-        self.option = option
 
 
 class ProbeSettings:
@@ -95,7 +91,7 @@ class ProbeSettings:
 
     def validate(self) -> ProbeSettings:
         """Check every option; raise ProbeInputError naming the option and what is accepted."""
-        with _option("url"):
+        with refused_as("url", ProbeInputError):
             self.url = validate_url(self.url)
         if self.unit:
             self.unit = normalize_unit_name(self.unit)
@@ -132,7 +128,7 @@ class ProbeSettings:
                 raise ProbeInputError(
                     "expect_regex", f"expect_regex does not compile: {exc} (pattern {self.expect_regex!r})"
                 ) from None
-        with _option("expected_gpus"):
+        with refused_as("expected_gpus", ProbeInputError):
             self.gpu_count, self.gpu_selectors = parse_expected_gpus(self.expected_gpus)
         if self.gpu_count is None and self.gpu_selectors is None and self.tp_size:
             self.gpu_count = self.tp_size
@@ -142,14 +138,3 @@ class ProbeSettings:
 def _require(condition: bool, option: str, message: str) -> None:
     if not condition:
         raise ProbeInputError(option, message)
-
-
-@contextmanager
-def _option(option: str):
-    """Re-raise a ValueError from a parser as ProbeInputError for ``option``."""
-    try:
-        yield
-    except ProbeInputError:
-        raise
-    except ValueError as exc:
-        raise ProbeInputError(option, str(exc)) from None

@@ -27,6 +27,7 @@ from ansible_collections.llmops.inference.plugins.module_utils.gpu import (
     query_gpus,
     select_gpus,
 )
+from ansible_collections.llmops.inference.plugins.module_utils.module_support import PrefixedOptionError, refused_as
 from ansible_collections.llmops.inference.plugins.module_utils.procs import (
     ancestors,
     is_alive,
@@ -49,12 +50,8 @@ MEMORY_POLL_S = 0.2
 SELECTORS = ("unit", "match", "orphans_only", "pids")
 
 
-class ReapInputError(Exception):
+class ReapInputError(PrefixedOptionError):
     """An option is invalid; nothing was signalled. The message starts with the option's name."""
-
-    def __init__(self, option: str, message: str):
-        self.option = option
-        super().__init__(f"{option}: {message}")
 
 
 class ReapError(Exception):
@@ -131,10 +128,8 @@ def parse_options(params: dict) -> ReapOptions:
     backend = params.get("backend") or "auto"
     if backend not in BACKENDS:
         raise ReapInputError("backend", f"{backend!r} is not one of {', '.join(BACKENDS)}")
-    try:
+    with refused_as("signal", ReapInputError):
         signum = signal_number(params.get("signal") or "SIGTERM")
-    except ValueError as exc:
-        raise ReapInputError("signal", str(exc)) from None
     below = params.get("released_below_mib")
     if below is not None and int(below) < 0:
         raise ReapInputError("released_below_mib", f"must be >= 0 MiB, got {below!r}")
@@ -263,10 +258,9 @@ class GpuReaper:
 
     def _query_selected(self) -> tuple:
         backend, gpus = self.query(self.options.backend, self.run_command)
-        try:
-            return backend, select_gpus(gpus, self.options.gpus)
-        except ValueError as exc:
-            raise ReapInputError("gpus", str(exc)) from None
+        with refused_as("gpus", ReapInputError):
+            selected = select_gpus(gpus, self.options.gpus)
+        return backend, selected
 
     def _units(self) -> tuple:
         """(target UnitState or None, {running unit: state}); refuses a running target unit."""

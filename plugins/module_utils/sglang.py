@@ -23,6 +23,18 @@ STREAM_DONE = "[DONE]"
 ERROR_BODY_CHARS = 200
 
 
+def server_argument_spec() -> dict:
+    """Argument spec of the options that reach the server: ``url``, ``api_key``, ``validate_certs``.
+
+    A module documents them with the ``llmops.inference.sglang_server`` doc fragment, and ``url`` itself.
+    """
+    return {
+        "url": {"type": "str", "default": DEFAULT_URL},
+        "api_key": {"type": "str", "no_log": True},
+        "validate_certs": {"type": "bool", "default": True},
+    }
+
+
 class SglangError(Exception):
     """Any failure talking to the server; ``str()`` is a one-line reason."""
 
@@ -138,13 +150,16 @@ class SglangClient:
         self._clock = clock
         self._session = None
 
-    def _open(self, url: str, **kwargs):
+    def _ensure_session(self) -> Request:
         if self._session is None:
             # open_url() builds a TLS context (loading the CA store, about 50 ms) on every call; one session
             # with one context serves all of a probe's requests.
             context = make_context(validate_certs=self.validate_certs)
             self._session = Request(validate_certs=self.validate_certs, follow_redirects="safe", context=context)
-        return self._session.open(kwargs.pop("method"), url, **kwargs)
+        return self._session
+
+    def _open(self, url: str, **kwargs):
+        return self._ensure_session().open(kwargs.pop("method"), url, **kwargs)
 
     def _headers(self, body: bool = False) -> dict:
         headers = {"Accept": "application/json"}
@@ -260,30 +275,44 @@ class SglangClient:
         _raise_stream_error(answer)
         return answer
 
-    def _read_stream(self, response, started: float, deadline: float, timeout: float) -> GenerationResult:
-        texts = []
-        meta_info = {}
-        ttft = None
+    def _stream_chunks(self, response, deadline: float, timeout_message, ended_detail=lambda: ""):
+        """Yield each decoded chunk of a /generate stream until ``data: [DONE]``, every read bounded by ``deadline``.
+
+        ``timeout_message()`` words the SglangTimeout, and ``ended_detail()`` is added to the SglangError for a
+        stream that ends early; both are called only then, so they can tell how far the caller got.
+        """
         while True:
             remaining = deadline - self._clock()
             if remaining <= 0:
-                raise SglangTimeout(_stream_timeout_message(timeout, len(texts), ttft))
+                raise SglangTimeout(timeout_message())
             _set_read_timeout(response, remaining)
             try:
                 raw = response.readline()
             except Exception as exc:
                 if _is_timeout(exc):
-                    raise SglangTimeout(_stream_timeout_message(timeout, len(texts), ttft)) from None
+                    raise SglangTimeout(timeout_message()) from None
                 raise SglangError(f"reading the /generate stream failed: {exc}") from None
             if not raw:
-                raise SglangError(f"/generate stream ended without 'data: {STREAM_DONE}' after {len(texts)} chunks")
+                raise SglangError(f"/generate stream ended without 'data: {STREAM_DONE}'{ended_detail()}")
             line = raw.decode("utf-8", "replace").strip()
             if not line.startswith("data:"):
                 continue
             data = line[len("data:") :].strip()
             if data == STREAM_DONE:
-                break
-            chunk = self._decode_generate(data.encode("utf-8"))
+                return
+            yield self._decode_generate(data.encode("utf-8"))
+
+    def _read_stream(self, response, started: float, deadline: float, timeout: float) -> GenerationResult:
+        texts = []
+        meta_info = {}
+        ttft = None
+        chunks = self._stream_chunks(
+            response,
+            deadline,
+            timeout_message=lambda: _stream_timeout_message(timeout, len(texts), ttft),
+            ended_detail=lambda: f" after {len(texts)} chunks",
+        )
+        for chunk in chunks:
             if ttft is None:
                 ttft = self._clock() - started
             texts.append(chunk.get("text") or "")

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import base64
 import csv
-import hashlib
 import io
 import json
 import os
 from dataclasses import dataclass
 
-from ansible_collections.llmops.inference.plugins.module_utils.atomic_file import CHUNK
+from ansible_collections.llmops.inference.plugins.module_utils.atomic_file import file_digest
 from ansible_collections.llmops.inference.plugins.module_utils.source_tree import BYTECODE_DIR
 
 PACKAGE = "sglang"
@@ -169,12 +168,8 @@ def read_record(install: SglangInstall) -> list:
 
 
 def _record_digest(path: str, algorithm: str) -> str | None:
-    digest = hashlib.new(algorithm)
-    try:
-        with open(path, "rb") as handle:
-            for chunk in iter(lambda: handle.read(CHUNK), b""):
-                digest.update(chunk)
-    except FileNotFoundError:
+    digest = file_digest(path, algorithm)
+    if digest is None:
         return None
     return base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode()
 

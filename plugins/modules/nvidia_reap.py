@@ -315,6 +315,10 @@ option:
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402 - Ansible modules import after their docs
 
+from ansible_collections.llmops.inference.plugins.module_utils.module_support import (  # noqa: E402
+    command_runner,
+    fail_refused_option,
+)
 from ansible_collections.llmops.inference.plugins.module_utils.reaper import (  # noqa: E402
     GpuReaper,
     ReapError,
@@ -339,18 +343,6 @@ ARGUMENT_SPEC = dict(
 )
 
 
-def command_runner(module):
-    """run_command(args) -> (rc, stdout, stderr); a missing executable is a failed command, not a crash."""
-
-    def run(args):
-        try:
-            return module.run_command(args, handle_exceptions=False)
-        except OSError as exc:
-            return 127, "", str(exc)
-
-    return run
-
-
 def report(module, result: dict) -> dict:
     for warning in result.pop("warnings", []):
         module.warn(warning)
@@ -366,7 +358,7 @@ def main():
         options = parse_options(module.params)
         result = GpuReaper(options, command_runner(module)).run(check_mode=module.check_mode)
     except ReapInputError as exc:
-        module.fail_json(msg=str(exc), option=exc.option, changed=False)
+        fail_refused_option(module, exc)
     except ReapError as exc:
         module.fail_json(msg=str(exc), **report(module, exc.result))
     module.exit_json(**report(module, result))

@@ -38,21 +38,14 @@ attributes:
   idempotent:
     support: full
     description: Never changes anything; C(changed) is always false.
+extends_documentation_fragment:
+  - llmops.inference.sglang_server
 options:
   url:
     description:
       - Base URL of the SGLang server.
     type: str
     default: http://127.0.0.1:30000
-  api_key:
-    description:
-      - "The server's C(--api-key), sent as C(Authorization: Bearer <key>)."
-    type: str
-  validate_certs:
-    description:
-      - Verify the server's TLS certificate for an C(https) O(url).
-    type: bool
-    default: true
   num_prompts:
     description:
       - Measured requests.
@@ -149,13 +142,7 @@ EXAMPLES = r"""
     random_input_len: 512
     random_output_len: 128
     seed: 7
-    repeats:
-    description:
-      - How many times to send the O(num_prompts) measured requests, one run after the other, after one warm-up.
-        Each run's metrics are in RV(runs); the top-level metrics then combine them (see RV(runs)).
-    type: int
-    default: 1
-  fail_on_errors: false
+    fail_on_errors: false
 """
 
 RETURN = r"""
@@ -282,6 +269,8 @@ from ansible_collections.llmops.inference.plugins.module_utils.bench import (  #
     StreamingBenchClient,
     run_benchmark,
 )
+from ansible_collections.llmops.inference.plugins.module_utils.module_support import fail_refused_option  # noqa: E402
+from ansible_collections.llmops.inference.plugins.module_utils.sglang import server_argument_spec  # noqa: E402
 
 SETTINGS_OPTIONS = (
     "url",
@@ -299,9 +288,7 @@ SETTINGS_OPTIONS = (
 )
 
 ARGUMENT_SPEC = {
-    "url": {"type": "str", "default": "http://127.0.0.1:30000"},
-    "api_key": {"type": "str", "no_log": True},
-    "validate_certs": {"type": "bool", "default": True},
+    **server_argument_spec(),
     "num_prompts": {"type": "int", "default": 32},
     "concurrency": {"type": "int", "default": 8},
     "max_new_tokens": {"type": "int", "default": 128, "aliases": ["random_output_len"], "no_log": False},
@@ -323,7 +310,7 @@ def main():
     try:
         settings = BenchSettings(**{name: params[name] for name in SETTINGS_OPTIONS}).validate()
     except BenchInputError as exc:
-        module.fail_json(msg=str(exc), option=exc.option, changed=False)
+        fail_refused_option(module, exc)
 
     def client_factory():
         return StreamingBenchClient(

@@ -45,21 +45,14 @@ attributes:
   idempotent:
     support: full
     description: Never changes anything; C(changed) is always false.
+extends_documentation_fragment:
+  - llmops.inference.sglang_server
 options:
   url:
     description:
       - Base URL of the SGLang server (its C(--host) and C(--port)).
     type: str
     default: http://127.0.0.1:30000
-  api_key:
-    description:
-      - "The server's C(--api-key), sent as C(Authorization: Bearer <key>)."
-    type: str
-  validate_certs:
-    description:
-      - Verify the server's TLS certificate for an C(https) O(url).
-    type: bool
-    default: true
   unit:
     description:
       - The systemd unit that runs the server (C(.service) is added to a name without a unit type).
@@ -396,13 +389,21 @@ option:
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402 - Ansible modules import after their docs
 
+from ansible_collections.llmops.inference.plugins.module_utils.module_support import (  # noqa: E402
+    command_runner,
+    fail_refused_option,
+    refused_as,
+)
 from ansible_collections.llmops.inference.plugins.module_utils.probe import SglangProbe  # noqa: E402
 from ansible_collections.llmops.inference.plugins.module_utils.probe_settings import (  # noqa: E402
     TIER_NAMES,
     ProbeInputError,
     ProbeSettings,
 )
-from ansible_collections.llmops.inference.plugins.module_utils.sglang import SglangClient  # noqa: E402
+from ansible_collections.llmops.inference.plugins.module_utils.sglang import (  # noqa: E402
+    SglangClient,
+    server_argument_spec,
+)
 from ansible_collections.llmops.inference.plugins.module_utils.textfile import (  # noqa: E402
     validate_textfile_path,
     write_probe_textfile,
@@ -431,9 +432,7 @@ SETTINGS_OPTIONS = (
 )
 
 ARGUMENT_SPEC = dict(
-    url=dict(type="str", default="http://127.0.0.1:30000"),
-    api_key=dict(type="str", no_log=True),
-    validate_certs=dict(type="bool", default=True),
+    server_argument_spec(),
     unit=dict(type="str"),
     tiers=dict(type="list", elements="str", choices=list(TIER_NAMES), default=list(TIER_NAMES)),
     timeout=dict(type="float", default=10),
@@ -457,30 +456,16 @@ ARGUMENT_SPEC = dict(
 )
 
 
-def command_runner(module):
-    """run_command(args) -> (rc, stdout, stderr); a missing executable is a failed command, not a crash."""
-
-    def run(args):
-        try:
-            return module.run_command(args, handle_exceptions=False)
-        except OSError as exc:
-            return 127, "", str(exc)
-
-    return run
-
-
 def main():
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     params = module.params
     try:
         settings = ProbeSettings(**{name: params[name] for name in SETTINGS_OPTIONS}).validate()
         if params["textfile_path"]:
-            try:
+            with refused_as("textfile_path", ProbeInputError):
                 validate_textfile_path(params["textfile_path"])
-            except ValueError as exc:
-                raise ProbeInputError("textfile_path", str(exc)) from None
     except ProbeInputError as exc:
-        module.fail_json(msg=str(exc), option=exc.option, changed=False)
+        fail_refused_option(module, exc)
 
     client = SglangClient(
         settings.url, api_key=params["api_key"], timeout=settings.timeout, validate_certs=params["validate_certs"]

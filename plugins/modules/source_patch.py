@@ -340,6 +340,7 @@ msg:
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402 - Ansible modules import after their docs
 
+from ansible_collections.llmops.inference.plugins.module_utils.module_support import command_runner  # noqa: E402
 from ansible_collections.llmops.inference.plugins.module_utils.source_patch_request import (  # noqa: E402
     REQUEST_ERRORS,
     run,
@@ -365,18 +366,6 @@ ARGUMENT_SPEC = dict(
 )
 
 
-def command_runner(module):
-    """run_command(args, data=None) -> (rc, stdout, stderr); a missing executable is a failed command."""
-
-    def run_command(args, data=None):
-        try:
-            return module.run_command(args, data=data, cwd="/", handle_exceptions=False)
-        except OSError as exc:
-            return 127, "", str(exc)
-
-    return run_command
-
-
 def main():
     module = AnsibleModule(
         argument_spec=ARGUMENT_SPEC,
@@ -385,7 +374,7 @@ def main():
         mutually_exclusive=[("backup_id", "target_state_id")],
     )
     try:
-        result, diff, warnings = run(module.params, command_runner(module), module.check_mode)
+        result, diff, warnings = run(module.params, command_runner(module, cwd="/"), module.check_mode)
     except REQUEST_ERRORS as exc:
         module.fail_json(msg=str(exc), changed=getattr(exc, "changed", False))
     for warning in warnings:

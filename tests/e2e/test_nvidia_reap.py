@@ -10,6 +10,7 @@ from __future__ import annotations
 import shlex
 
 import pytest
+from labutil import install_unit, sh, wait_healthy
 
 pytestmark = pytest.mark.lab
 
@@ -37,20 +38,6 @@ Description=Someone else's GPU job
 ExecStart=/bin/bash -c 'exec -a sglang::foreign /usr/bin/python3 /usr/local/bin/simgpu-claim --hold --gpu 0 --mib 1000'
 """
 
-WAIT_HEALTHY = f"""
-import sys, time, urllib.request
-deadline = time.monotonic() + 120
-while time.monotonic() < deadline:
-    try:
-        with urllib.request.urlopen("http://127.0.0.1:{PORT}/health", timeout=2) as answer:
-            if answer.status == 200:
-                sys.exit(0)
-    except Exception:
-        pass
-    time.sleep(0.2)
-sys.exit(1)
-"""
-
 WAIT_HOLDER = """
 for _ in $(seq 1 100); do
   nvidia-smi --query-compute-apps=pid --format=csv,noheader,nounits | grep -qx "$1" && exit 0
@@ -67,16 +54,6 @@ for _ in $(seq 1 600); do
 done
 echo "still $state"; exit 1
 """
-
-
-def sh(lab, host, command: str, timeout: float = 180) -> str:
-    proc = lab.exec(host, command, timeout=timeout)
-    assert proc.returncode == 0, f"{command!r} failed (rc={proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
-    return proc.stdout
-
-
-def install_unit(lab, host, name: str, text: str) -> None:
-    sh(lab, host, f"cat > /etc/systemd/system/{name} <<'EOF'\n{text}EOF\nsystemctl daemon-reload")
 
 
 def pids(lab, host, pattern: str) -> list:
@@ -96,9 +73,11 @@ def gpu_used(lab, host) -> list:
 
 def start_healthy(lab, host) -> None:
     sh(lab, host, "systemctl start t-reap.service")
-    proc = lab.exec(host, f"python3 - <<'EOF'\n{WAIT_HEALTHY}\nEOF", timeout=180)
-    journal = lab.exec(host, "journalctl -u t-reap.service --no-pager -n 30").stdout
-    assert proc.returncode == 0, f"t-reap.service never answered /health 200:\n{journal}"
+    try:
+        wait_healthy(lab, host, PORT)
+    except AssertionError:
+        journal = lab.exec(host, "journalctl -u t-reap.service --no-pager -n 30").stdout
+        raise AssertionError(f"t-reap.service never answered /health 200:\n{journal}") from None
 
 
 def stop_leaving_orphans(lab, host) -> list:

@@ -10,6 +10,7 @@ import re
 import time
 
 import pytest
+from labutil import install_unit, read_ready_time, sh, start_ready_watch, wait_healthy
 from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = pytest.mark.lab
@@ -19,6 +20,7 @@ UNIT = "t-probe.service"
 MODEL = "Qwen/Qwen3-8B"
 URL = "http://127.0.0.1:30000"
 TEXTFILE = "/run/sglang_probe.prom"
+READY_FILE = "/run/probe-ready"
 
 UNIT_TEMPLATE = """\
 [Unit]
@@ -33,52 +35,11 @@ KillMode=control-group
 {restart}
 """
 
-# Prints the wall-clock time at which /health first answers 200 (the engine's "ready").
-READY_WATCH = """
-import time, urllib.request
-while True:
-    try:
-        with urllib.request.urlopen("http://127.0.0.1:30000/health", timeout=1) as answer:
-            if answer.status == 200:
-                print(repr(time.time()), flush=True)
-                break
-    except Exception:
-        pass
-    time.sleep(0.01)
-"""
-
-WAIT_HEALTHY = """
-import sys, time, urllib.request
-deadline = time.monotonic() + 60
-while time.monotonic() < deadline:
-    try:
-        with urllib.request.urlopen("http://127.0.0.1:30000/health", timeout=1) as answer:
-            if answer.status == 200:
-                sys.exit(0)
-    except Exception:
-        pass
-    time.sleep(0.1)
-sys.exit(1)
-"""
-
-
-def sh(lab, host, command: str, timeout: float = 180) -> str:
-    proc = lab.exec(host, command, timeout=timeout)
-    assert proc.returncode == 0, f"{command!r} failed (rc={proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
-    return proc.stdout
-
 
 def start_server(lab, host, faults: str = "", restart: str = "", load_time: float = 1) -> None:
     text = UNIT_TEMPLATE.format(faults=faults, model=MODEL, restart=restart, load_time=load_time)
-    sh(
-        lab,
-        host,
-        f"cat > /etc/systemd/system/{UNIT} <<'EOF'\n{text}EOF\nsystemctl daemon-reload && systemctl start {UNIT}",
-    )
-
-
-def wait_healthy(lab, host) -> None:
-    sh(lab, host, f"python3 -c '{WAIT_HEALTHY}'", timeout=90)
+    install_unit(lab, host, UNIT, text)
+    sh(lab, host, f"systemctl start {UNIT}")
 
 
 def probe(lab, host, **args) -> dict:
@@ -97,9 +58,8 @@ def hosts_for(lab, count: int) -> list:
 def test_healthy_host_passes_every_tier_and_the_gate_opens_soon_after_ready(clean_lab):
     lab = clean_lab
     host = lab.hosts[0]
-    sh(lab, host, "rm -f /run/probe-ready")
     start_server(lab, host, load_time=5)  # long enough that the gate is already waiting when the engine is ready
-    sh(lab, host, f"setsid python3 -c '{READY_WATCH}' > /run/probe-ready 2>&1 < /dev/null &")
+    start_ready_watch(lab, host, READY_FILE)
 
     gate = probe(lab, host, wait_timeout=60, stability_window=1, expected_model=MODEL, textfile_path=TEXTFILE)
     assert gate["_status"] == "SUCCESS", gate
@@ -122,9 +82,7 @@ def test_healthy_host_passes_every_tier_and_the_gate_opens_soon_after_ready(clea
     }
     # Both times are the host's wall clock: /health's first 200 and the probe's end (the textfile's timestamp).
     finished = families["llmops_sglang_probe_last_run_timestamp_seconds"].samples[0].value
-    ready = float(
-        sh(lab, host, "for _ in $(seq 100); do [ -s /run/probe-ready ] && break; sleep 0.1; done; cat /run/probe-ready")
-    )
+    ready = read_ready_time(lab, host, READY_FILE)
     gate_latency = finished - ready
     print(
         f"\ngate: waited {gate['waited_s']} s in {gate['attempts']} attempts; returned {gate_latency:.3f} s after "
@@ -173,7 +131,7 @@ def test_each_fault_is_caught_by_its_tier(clean_lab):
             lab.exec(host, f"systemctl stop {UNIT}; rm -rf /var/lib/simgpu/claims/*")
             start_server(lab, host, faults=fault)
         for host, fault in batch:
-            wait_healthy(lab, host)
+            wait_healthy(lab, host, timeout=60)
             results[fault] = probe(lab, host, fail_on_unhealthy=False, **cases[fault])
 
     never = results["never-load"]

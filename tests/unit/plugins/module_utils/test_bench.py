@@ -216,6 +216,14 @@ def test_timed_generate_reports_failures_instead_of_raising(server):
     assert not hung.success
     assert "0.3 s" in hung.error
 
+    server.routes["/generate"] = stream_route(chunks(1, 2), done=False)
+    cut = StreamingBenchClient(server.url).timed_generate("hi", 4, timeout=5)
+    assert cut.error == "/generate stream ended without 'data: [DONE]'"
+
+    server.routes["/generate"] = stream_route(chunks(*range(1, 40)), gap=0.1)
+    trickled = StreamingBenchClient(server.url).timed_generate("hi", 40, timeout=0.5)
+    assert trickled.error == "/generate did not finish within 0.5 s"
+
 
 def test_run_benchmark_warms_up_then_repeats_the_measured_requests(server):
     server.routes["/generate"] = stream_route(chunks(2, 4, meta={"spec_verify_ct": 2}))

@@ -95,15 +95,3 @@ def test_reap_error_fails_with_the_partial_result(capsys, fake_reaper):
     assert result["changed"] is True
     assert "pid 101 still holds" in result["msg"]
     assert result["reaped"] == [{"pid": 101, "exited": True}]
-
-
-def test_command_runner_turns_a_missing_executable_into_a_failed_command():
-    class Module:
-        def run_command(self, args, handle_exceptions=True):
-            assert handle_exceptions is False
-            raise FileNotFoundError(2, "No such file or directory", args[0])
-
-    rc, out, err = nvidia_reap.command_runner(Module())(["nvidia-smi", "-L"])
-    assert rc == 127
-    assert out == ""
-    assert "No such file or directory" in err
