@@ -2,6 +2,23 @@
 
 from __future__ import annotations
 
+# The sglang_service role on a lab host: what differs from a real host is which module the unit launches, and
+# quicker timings.
+SERVICE_LAB_VARS = {
+    "sglang_service_name": "sglang-svc",
+    "sglang_service_python": "/opt/sglang/venv/bin/python",
+    "sglang_service_launch_module": "sglang_sim.launch_server",
+    "sglang_service_model_path": "Qwen/Qwen3-8B",
+    "sglang_service_tp_size": 2,
+    "sglang_service_extra_args": ["--sim-load-time", "1"],
+    "sglang_service_restart_sec": 1,
+    "sglang_service_drain_timeout": 5,
+    "sglang_service_scheduler_exit_sec": 2,
+    "sglang_service_stop_margin_sec": 3,
+    "sglang_service_gpu_free_wait_sec": 1,
+    "sglang_service_probe_wait_timeout": 15,
+}
+
 HEALTH_WAIT = """
 import sys, time, urllib.request
 deadline = time.monotonic() + {timeout}

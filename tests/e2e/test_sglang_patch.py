@@ -12,17 +12,20 @@ import shlex
 from pathlib import Path
 
 import pytest
+from labutil import SERVICE_LAB_VARS, sh
 
 pytestmark = pytest.mark.lab
 
 REPO = Path(__file__).resolve().parents[2]
 PLAYBOOK = REPO / "tests" / "e2e" / "playbooks" / "sglang_patch.yml"
+PATCH_AND_SERVICE = REPO / "tests" / "e2e" / "playbooks" / "sglang_patch_service.yml"
 EXAMPLE = REPO / "docs" / "patches" / "eagle_lab" / "0001-register-llmops-demo-algorithm.diff"
 FILES = REPO / "tests" / "e2e" / "files" / "sglang_patch"
 PYTHON = "/opt/sglang/venv/bin/python"
 BACKUPS = "/var/lib/llmops/sglang-backups"
 SPEC_INFO = "sglang/srt/speculative/spec_info.py"
 SPEC_REGISTRY = "sglang/srt/speculative/spec_registry.py"
+SAMPLER = "sglang/srt/layers/sampler.py"
 EAGLE_LAB = {"sglang_patch_set_name": "eagle_lab", "sglang_patch_files": [str(EXAMPLE)]}
 
 # Start the simulated server with a speculative algorithm; print its log once it listens or exits.
@@ -43,13 +46,13 @@ cat "$log"
 """
 
 
-def run_role(lab, host, tmp_path, extra: dict, check=False, diff=False):
+def run_role(lab, host, tmp_path, extra: dict, check=False, diff=False, playbook=PLAYBOOK):
     """Run the role on one host; returns (CompletedProcess, the role's facts or None when it failed)."""
     out = tmp_path / "facts"
     out.mkdir(exist_ok=True)
     (out / f"{host}.json").unlink(missing_ok=True)
     extra_vars = {"sglang_patch_python": PYTHON, "sglang_patch_test_result_dir": str(out), **extra}
-    proc = lab.playbook(PLAYBOOK, extra_vars, check=check, diff=diff, limit=host)
+    proc = lab.playbook(playbook, extra_vars, check=check, diff=diff, limit=host)
     facts_file = out / f"{host}.json"
     return proc, json.loads(facts_file.read_text()) if facts_file.exists() else None
 
@@ -236,5 +239,54 @@ def test_a_patch_that_does_not_compile_is_refused_unless_compile_check_is_warn(c
         proc, facts = run_role(lab, host, tmp_path, {"sglang_patch_state": "restored"})
         assert succeeded(proc, host, facts)["state_id"] == "pristine"
         assert "Uvicorn running" in sim_log(lab, host, "EAGLE")
+    finally:
+        restore_pristine(lab, host)
+
+
+def test_a_patch_that_makes_the_output_degenerate_fails_the_gate_until_restored_and_restarted(clean_lab, tmp_path):
+    lab, host = clean_lab, clean_lab.hosts[0]
+    unit = f"{SERVICE_LAB_VARS['sglang_service_name']}.service"
+    known_good = f"/var/lib/llmops/known-good/{SERVICE_LAB_VARS['sglang_service_name']}/current/manifest.json"
+    degenerate = {"sglang_patch_set_name": "degenerate", "sglang_patch_files": [str(FILES / "degenerate-sampler.diff")]}
+
+    def both_roles(extra):
+        return run_role(lab, host, tmp_path, {**SERVICE_LAB_VARS, **extra}, playbook=PATCH_AND_SERVICE)
+
+    def main_pid() -> int:
+        return int(sh(lab, host, f"systemctl show -p MainPID --value {unit}"))
+
+    try:
+        proc, facts = both_roles({"sglang_patch_state": "verified", "sglang_patch_verify_require_pristine": True})
+        assert succeeded(proc, host, facts)["gate"]["healthy"] is True
+        assert json.loads(sh(lab, host, f"cat {known_good}"))["patch_state_id"] == "pristine"
+        before_patch = main_pid()
+
+        # Failure 3's second half: the patch applies and compiles, and the restart it notifies serves "!!!!!!!!".
+        proc, facts = both_roles(degenerate)
+        failed_with(
+            proc,
+            host,
+            "RUNNING HANDLER [llmops.inference.sglang_service : Restart SGLang through the gated chain]",
+            f"{unit} failed its gate: generate tier: degenerate output: '!!!!",
+        )
+        assert verify(lab, host)["verify"]["modified"] == [SAMPLER]
+        patched = main_pid()
+        assert patched not in (0, before_patch)
+        journal = sh(lab, host, f"journalctl -u {unit} --no-pager")
+        assert f"the modified source {SAMPLER} declares faults: degenerate" in journal, journal
+        saved = json.loads(sh(lab, host, f"cat {known_good}"))
+        assert saved["patch_state_id"] == "pristine", saved
+
+        # Back to the wheel's sources, the patch state of the known-good snapshot; the restore notifies the same
+        # topic, so the service role restarts cleanly through its chain.
+        proc, facts = both_roles({"sglang_patch_state": "restored", "sglang_patch_restore_state_id": "pristine"})
+        restored = succeeded(proc, host, facts)
+        assert restored["patch_state_id"] == "pristine"
+        gate = restored["gate"]
+        assert gate["healthy"] is True and int(gate["main_pid"]) not in (before_patch, patched), gate
+        generate = next(tier for tier in gate["tiers"] if tier["name"] == "generate")
+        assert generate["status"] == "ok" and "degenerate" not in generate["reason"], generate
+        assert_pristine(lab, host)
+        assert json.loads(sh(lab, host, f"cat {known_good}"))["patch_state_id"] == "pristine"
     finally:
         restore_pristine(lab, host)

@@ -14,33 +14,18 @@ import time
 from pathlib import Path
 
 import pytest
-from labutil import install_unit, sh, wait_healthy
+from labutil import SERVICE_LAB_VARS, install_unit, sh, wait_healthy
 
 pytestmark = pytest.mark.lab
 
 REPO = Path(__file__).resolve().parents[2]
-NAME = "sglang-svc"
+LAB_VARS = SERVICE_LAB_VARS
+NAME = LAB_VARS["sglang_service_name"]
 UNIT = f"{NAME}.service"
-VENV_PYTHON = "/opt/sglang/venv/bin/python"
+VENV_PYTHON = LAB_VARS["sglang_service_python"]
 KNOWN_GOOD = f"/var/lib/llmops/known-good/{NAME}"
 LOCK = f"/run/lock/llmops-{NAME}.lock"
 HOST_LOCK = "/usr/local/libexec/llmops/host_lock.py"
-
-# What differs between the lab and a real host: which module the unit launches, and quicker timings.
-LAB_VARS = {
-    "sglang_service_name": NAME,
-    "sglang_service_python": VENV_PYTHON,
-    "sglang_service_launch_module": "sglang_sim.launch_server",
-    "sglang_service_model_path": "Qwen/Qwen3-8B",
-    "sglang_service_tp_size": 2,
-    "sglang_service_extra_args": ["--sim-load-time", "1"],
-    "sglang_service_restart_sec": 1,
-    "sglang_service_drain_timeout": 5,
-    "sglang_service_scheduler_exit_sec": 2,
-    "sglang_service_stop_margin_sec": 3,
-    "sglang_service_gpu_free_wait_sec": 1,
-    "sglang_service_probe_wait_timeout": 15,
-}
 
 TRICKY_NAME = "a b%c$d\"e'f\\g"
 TRICKY_ENV = "x y$HOME \"q\" 'r' `b` \\ #z %n"
