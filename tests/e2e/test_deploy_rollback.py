@@ -1,0 +1,285 @@
+"""playbooks/deploy.yml and playbooks/rollback.yml on a 3-host lab fleet (real systemd, sshd, sglang sources).
+
+The playbooks run with the lab's inventory layer (tests/lab/inventory: the simulated engine, short load times)
+over the inventory the lab CLI writes, as `make demo` does. The tests run in order and share the fleet's state:
+a clean deploy, a rollback, a bad patch set, a host lost mid-deploy, two deploys at once. Every test leaves all
+hosts serving on pristine sources.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.lab
+
+REPO = Path(__file__).resolve().parents[2]
+DEPLOY = REPO / "playbooks" / "deploy.yml"
+ROLLBACK = REPO / "playbooks" / "rollback.yml"
+LAB_LAYER = REPO / "tests" / "lab" / "inventory"
+EXAMPLE_PATCH = REPO / "docs" / "patches" / "eagle_lab" / "0001-register-llmops-demo-algorithm.diff"
+PYTHON = "/opt/sglang/venv/bin/python"
+PRISTINE = {"python": PYTHON, "state": "restored", "target_state_id": "pristine"}
+UNIT = "sglang.service"
+UNIT_FILE = f"/etc/systemd/system/{UNIT}"
+ENV_FILE = "/etc/llmops/sglang.env"
+LOCK_FILE = "/run/lock/llmops-sglang.lock"
+SPEC_INFO = "sglang/srt/speculative/spec_info.py"
+# The lab's engine environment (tests/lab/inventory/group_vars/lab.yml) with one more variable: a unit change.
+LAB_ENVIRONMENT = {"SGLANG_SIM_LOAD_TIME": "1", "SGLANG_SIM_DRAIN_TIME": "2"}
+EAGLE_LAB = {"sglang_patch_set_name": "eagle_lab", "sglang_patch_files": [str(EXAMPLE_PATCH)]}
+
+
+@pytest.fixture(scope="module")
+def fleet(lab):
+    lab.reset()
+    yield lab
+    for host in lab.hosts:
+        lab.module(host, "llmops.inference.source_patch", PRISTINE)
+    lab.reset()
+
+
+def run(lab, playbook, tmp_path, name, extra=None, inventories=()):
+    """Run a playbook with the lab layer; return (process, {host: record}) from its JSON summary."""
+    summary = tmp_path / f"{name}.json"
+    knob = "rollback_summary_path" if playbook == ROLLBACK else "deploy_summary_path"
+    proc = lab.playbook(playbook, {knob: str(summary), **(extra or {})}, inventories=(LAB_LAYER, *inventories))
+    records = {}
+    if summary.exists():
+        records = {row["host"]: row for row in json.loads(summary.read_text())["hosts"]}
+    return proc, records
+
+
+def output(proc) -> str:
+    return f"rc={proc.returncode}\n{proc.stdout[-8000:]}\n{proc.stderr[-2000:]}"
+
+
+def recap(proc) -> dict:
+    return {
+        host: {key: int(value) for key, value in re.findall(r"(\w+)=(\d+)", counts)}
+        for host, counts in re.findall(r"^(\S+)\s+:\s+(ok=.*)$", proc.stdout, re.MULTILINE)
+    }
+
+
+def main_pid(lab, host) -> int:
+    return int(lab.exec(host, f"systemctl show -p MainPID --value {UNIT}").stdout.strip() or 0)
+
+
+def sha256(lab, host, path) -> str:
+    return lab.exec(host, f"sha256sum {path} | cut -d' ' -f1").stdout.strip()
+
+
+def serves(lab, host) -> dict:
+    return lab.module(
+        host,
+        "llmops.inference.sglang_probe",
+        {"unit": UNIT, "url": "http://127.0.0.1:30000", "tp_size": 2, "fail_on_unhealthy": False},
+    )
+
+
+def verify_sources(lab, host) -> dict:
+    result = lab.module(host, "llmops.inference.source_patch", {"python": PYTHON, "state": "verified"})
+    assert result["_status"] == "SUCCESS", result
+    return result
+
+
+def reachable(lab, host) -> bool:
+    try:
+        answer = lab.module(host, "ansible.builtin.ping", {"data": "pong"}, timeout=60)
+    except subprocess.TimeoutExpired:
+        return False
+    return answer.get("ping") == "pong"
+
+
+def outcomes(records) -> dict:
+    return {host: record["outcome"] for host, record in records.items()}
+
+
+def wait_until(predicate, timeout, what):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
+        time.sleep(0.2)
+
+
+def in_background(function, *args, **kwargs):
+    """Start function in a thread; the returned join() gives its result."""
+    result = {}
+    thread = threading.Thread(target=lambda: result.setdefault("value", function(*args, **kwargs)), daemon=True)
+    thread.start()
+
+    def join(timeout=900):
+        thread.join(timeout)
+        assert "value" in result, "the background run did not finish"
+        return result["value"]
+
+    return join
+
+
+def test_clean_deploy_then_a_rerun_changes_and_restarts_nothing(fleet, tmp_path):
+    proc, records = run(fleet, DEPLOY, tmp_path, "first", {"deploy_batch": "100%"})
+    assert proc.returncode == 0, output(proc)
+    assert outcomes(records) == dict.fromkeys(fleet.hosts, "deployed")
+    for record in records.values():
+        assert record["gate"]["healthy"] and record["gate"]["restarted"], record
+        assert record["before"]["unit_sha256"] is None and record["after"]["unit_sha256"], record
+        assert record["after"]["known_good_saved_at"] and record["after"]["patch_state"] == "pristine", record
+        assert record["after"]["sglang_version"] == "0.5.23"
+    pids = {host: main_pid(fleet, host) for host in fleet.hosts}
+    assert all(pids.values()), pids
+
+    proc, records = run(fleet, DEPLOY, tmp_path, "again", {"deploy_batch": "100%"})
+    assert proc.returncode == 0, output(proc)
+    assert outcomes(records) == dict.fromkeys(fleet.hosts, "unchanged")
+    counts = recap(proc)
+    assert all(counts[host]["changed"] == 0 and counts[host]["failed"] == 0 for host in fleet.hosts), counts
+    assert {host: main_pid(fleet, host) for host in fleet.hosts} == pids
+
+
+def test_rollback_returns_every_host_to_the_previous_known_good(fleet, tmp_path):
+    units = {host: sha256(fleet, host, UNIT_FILE) for host in fleet.hosts}
+    # A patch set that registers a speculative algorithm, and a unit that serves with it.
+    demo = {
+        **EAGLE_LAB,
+        "sglang_service_speculative_algorithm": "LLMOPS_DEMO",
+        "sglang_service_speculative_algorithms": ["EAGLE", "LLMOPS_DEMO"],
+        "deploy_batch": "100%",
+    }
+    proc, records = run(fleet, DEPLOY, tmp_path, "demo", demo)
+    assert proc.returncode == 0, output(proc)
+    assert outcomes(records) == dict.fromkeys(fleet.hosts, "deployed")
+    assert all(record["after"]["patch_state"] not in ("pristine", "modified") for record in records.values())
+    assert all(sha256(fleet, host, UNIT_FILE) != units[host] for host in fleet.hosts)
+
+    proc, records = run(fleet, ROLLBACK, tmp_path, "rollback", {"rollback_batch": "100%"})
+    assert proc.returncode == 0, output(proc)
+    assert outcomes(records) == dict.fromkeys(fleet.hosts, "returned")
+    for host in fleet.hosts:
+        assert records[host]["gate"]["healthy"] and records[host]["after"]["patch_state"] == "pristine"
+        assert sha256(fleet, host, UNIT_FILE) == units[host]
+        sources = verify_sources(fleet, host)
+        assert sources["verify"]["pristine"] and sources["verify"]["checked"] > 1000, sources["verify"]
+        assert serves(fleet, host)["healthy"]
+
+    # Already there: nothing is restarted.
+    pids = {host: main_pid(fleet, host) for host in fleet.hosts}
+    proc, records = run(fleet, ROLLBACK, tmp_path, "rollback_again", {"rollback_snapshot": "current"})
+    assert proc.returncode == 0, output(proc)
+    assert outcomes(records) == dict.fromkeys(fleet.hosts, "unchanged")
+    assert {host: main_pid(fleet, host) for host in fleet.hosts} == pids
+
+
+def test_a_bad_patch_set_rolls_its_host_back_and_stops_the_rollout(fleet, tmp_path):
+    good, bad, later = fleet.hosts
+    broken = tmp_path / "spec_info.py"
+    broken.write_text("class SpeculativeAlgorithm(:\n")
+    per_host = tmp_path / "inventory.yml"
+    per_host.write_text(
+        json.dumps(
+            {
+                "lab": {
+                    "hosts": {
+                        good: EAGLE_LAB,
+                        bad: {
+                            "sglang_patch_set_name": "broken",
+                            "sglang_patch_replacements": [{"src": str(broken), "dest": SPEC_INFO}],
+                            "sglang_patch_compile_check": "warn",
+                        },
+                    }
+                }
+            }
+        )
+    )
+    untouched = main_pid(fleet, later)
+    proc, records = run(
+        fleet,
+        DEPLOY,
+        tmp_path,
+        "bad",
+        {"deploy_batch": 2, "deploy_rollback_batch_on_failure": True},
+        inventories=(per_host,),
+    )
+    assert proc.returncode != 0, output(proc)
+    assert outcomes(records) == {good: "reverted", bad: "rolled back", later: "not started"}, output(proc)
+    assert not records[bad]["rollback"]["error"] and records[bad]["rollback"]["gate"]["healthy"]
+    assert "failed its gate" in records[bad]["detail"] and "gate passed" in records[bad]["detail"]
+    counts = recap(proc)
+    assert counts[bad]["failed"] == 1 and counts[good]["failed"] == 0, counts
+    assert counts[later]["changed"] == 0 and counts[later]["failed"] == 0, counts
+    assert f"{bad}: ROLLED BACK" in proc.stdout and f"{later}: NOT STARTED" in proc.stdout
+    for host in (good, bad):
+        assert serves(fleet, host)["healthy"]
+        assert verify_sources(fleet, host)["verify"]["pristine"]
+    assert main_pid(fleet, later) == untouched
+
+
+def test_a_host_lost_mid_deploy_converges_on_the_next_run(fleet, tmp_path):
+    # Two hosts in one batch: the rollout goes on with the other one and then stops.
+    lost = fleet.hosts[1]
+    change = {
+        "sglang_service_environment": {**LAB_ENVIRONMENT, "SGLANG_SIM_SEED": "7"},
+        "deploy_hosts": ",".join(fleet.hosts[:2]),
+        "deploy_batch": "100%",
+    }
+    join = in_background(run, fleet, DEPLOY, tmp_path, "lost", change)
+    try:
+        # Cut the host off once this run has started changing it (the environment file is written under the lock).
+        wait_until(lambda: "SGLANG_SIM_SEED=" in fleet.exec(lost, f"cat {ENV_FILE}").stdout, 300, "the change")
+        fleet.exec(lost, "ip link set host0 down", check=True)
+    finally:
+        proc, records = join()
+        fleet.exec(lost, "ip link set host0 up", check=True)
+    assert proc.returncode != 0, output(proc)
+    assert records[lost]["outcome"] == "in progress", records[lost]
+    assert recap(proc)[lost]["unreachable"] == 1
+
+    wait_until(lambda: reachable(fleet, lost), 120, "SSH to come back")
+    proc, records = run(fleet, DEPLOY, tmp_path, "converged", change)
+    assert proc.returncode == 0, output(proc)
+    assert all(record["gate"]["healthy"] for record in records.values()), records
+    assert 'SGLANG_SIM_SEED="7"' in fleet.exec(lost, f"cat {ENV_FILE}").stdout
+    assert all(serves(fleet, host)["healthy"] for host in fleet.hosts[:2])
+
+
+def test_a_second_deploy_on_a_locked_host_fails_clearly_and_changes_nothing(fleet, tmp_path):
+    host = fleet.hosts[0]
+    # A longer load keeps the first run's restart chain, and so the host lock, busy for a while.
+    slow = {"sglang_service_environment": {**LAB_ENVIRONMENT, "SGLANG_SIM_LOAD_TIME": "15"}, "deploy_hosts": host}
+    first = in_background(run, fleet, DEPLOY, tmp_path, "first_run", slow)
+    try:
+        wait_until(lambda: '"owner"' in fleet.exec(host, f"cat {LOCK_FILE}").stdout, 300, "the first run's lock")
+        second, second_records = run(fleet, DEPLOY, tmp_path, "second_run", {**slow, "sglang_service_lock_timeout": 1})
+    finally:
+        proc, records = first()
+    assert second.returncode != 0, output(second)
+    detail = second_records[host]["detail"]
+    assert second_records[host]["outcome"] == "failed" and "is held by" in detail, second_records[host]
+    assert "nothing was rolled back" in detail
+
+    assert proc.returncode == 0, output(proc)
+    assert records[host]["outcome"] == "deployed"
+    assert records[host]["after"]["main_pid"] == main_pid(fleet, host)
+
+
+@pytest.mark.parametrize(
+    ("playbook", "knobs", "message"),
+    [
+        (DEPLOY, {"deploy_batch": 0}, "deploy_batch must be a number of hosts per batch (1 or more)"),
+        (DEPLOY, {"deploy_batch": "150%"}, "above 0% and at most 100%"),
+        (DEPLOY, {"deploy_hosts": "no_such_group"}, "deploy_hosts must name a group or host pattern with hosts"),
+        (ROLLBACK, {"rollback_backup_id": "20000101T000000Z-nope"}, "backup id '20000101T000000Z-nope' not found"),
+        (ROLLBACK, {"rollback_snapshot": "oldest"}, "rollback_snapshot must be previous"),
+    ],
+)
+def test_bad_input_is_refused_before_any_host_changes(fleet, tmp_path, playbook, knobs, message):
+    pids = {host: main_pid(fleet, host) for host in fleet.hosts}
+    proc, _records = run(fleet, playbook, tmp_path, "bad_input", knobs)
+    assert proc.returncode != 0 and message in proc.stdout, output(proc)
+    assert "one batch at a time" not in proc.stdout
+    assert {host: main_pid(fleet, host) for host in fleet.hosts} == pids
