@@ -29,6 +29,9 @@ EXIT_PASS = 0
 EXIT_REFUSED = 1
 EXIT_ERROR = 2
 HEALTH_REQUEST_TIMEOUT = 5.0
+# How often the readiness gate asks /health: the unit turns active, and the restart chain's gate passes, one poll
+# after the engine is ready.
+READY_POLL_INTERVAL = 0.1
 PROG = "llmops-gate"
 
 
@@ -131,7 +134,7 @@ def wait_ready(
         last["reason"] = health_status(url, getter)
         return last["reason"] is None
 
-    done = wait_for(ready, timeout, interval=0.2, clock=clock, sleep=sleep)
+    done = wait_for(ready, timeout, interval=READY_POLL_INTERVAL, clock=clock, sleep=sleep)
     waited = clock() - started
     if last["exited"]:
         return False, f"main process {main_pid} exited before {url} answered (after {waited:.1f} s)"

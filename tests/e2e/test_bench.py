@@ -231,17 +231,21 @@ def test_noop_deploy_scales_with_the_fleet(lab, figures):
     inventories = (LAB_INVENTORY,)
     first = lab.playbook(DEPLOY, inventories=inventories, timeout=1800)
     assert first.returncode == 0, first.stdout[-4000:]
-    walls = {}
-    for label, limit in (("one", lab.hosts[0]), ("all", None)):
-        started = time.monotonic()
-        run = lab.playbook(DEPLOY, inventories=inventories, limit=limit, timeout=1800)
-        walls[label] = time.monotonic() - started
-        assert run.returncode == 0, run.stdout[-4000:]
+    samples = {"one": [], "all": []}
+    # Alternating runs, the median of each: one slow run on a shared machine does not decide the figure.
+    for _round in range(5):
+        for label, limit in (("one", lab.hosts[0]), ("all", None)):
+            started = time.monotonic()
+            run = lab.playbook(DEPLOY, inventories=inventories, limit=limit, timeout=1800)
+            samples[label].append(time.monotonic() - started)
+            assert run.returncode == 0, run.stdout[-4000:]
+            assert "up to date" in run.stdout, run.stdout[-4000:]
+    walls = {label: statistics.median(values) for label, values in samples.items()}
     ratio = walls["all"] / walls["one"]
     figures.record(
         "noop_deploy_scaling",
         issue="deploy.yml",
-        figure=f"no-op deploy wall time on {len(lab.hosts)} hosts / on 1 host",
+        figure=f"no-op deploy wall time on {len(lab.hosts)} hosts / on 1 host (medians of 5 alternating runs)",
         value=f"{ratio:.2f} ({walls['all']:.1f} s / {walls['one']:.1f} s)",
         target="<= 2.0",
         met=ratio <= 2.0,

@@ -127,7 +127,7 @@ def test_ready_after_connection_refused_then_503_then_200(tmp_path):
         "http://127.0.0.1:30000/health", 60, getter=getter, proc_root=str(tmp_path), clock=clock, sleep=clock.sleep
     )
     assert ready
-    assert message == "http://127.0.0.1:30000/health healthy after 0.6 s"
+    assert message == "http://127.0.0.1:30000/health healthy after 0.3 s"
     assert len(getter.calls) == 4
 
 
