@@ -64,8 +64,8 @@ units: venv collection-link ## Unit tests (plugins and the lab's parts)
 	$(PYTHON) -m pytest -q tests/unit tests/lab/tests -m 'not lab'
 
 e2e: deps venv collection-link ## End-to-end tests on lab hosts (root)
-	# One rerun absorbs a rare lab-infrastructure hiccup (a container start refused by the kernel's cgroups);
-	# a real failure fails twice and is reported with both runs.
+	# One rerun absorbs a rare hiccup of lab hosts that share a busy machine (a timing test that loses its
+	# race); a real failure fails twice and is reported with both runs.
 	$(PYTHON) -m pytest -q -p no:cacheprovider --reruns 1 --durations 15 tests/e2e tests/lab/tests -m 'lab and not bench'
 
 molecule: deps venv collection-link ## Molecule scenarios on lab hosts (root)
