@@ -138,8 +138,10 @@ class Lab:
 
 
 def parse_oneline(stdout: str, stderr: str, rc: int) -> dict:
-    """Parse ``ansible -o`` output: ``host | STATUS => {json}``."""
+    """Parse ``ansible -o`` output: ``host | STATUS => {json}``, or ``host | UNREACHABLE!: message``."""
     for line in stdout.splitlines():
+        if " | UNREACHABLE!: " in line:
+            return {"_rc": rc, "_status": "UNREACHABLE", "unreachable": True, "msg": line.split(": ", 1)[1]}
         if " => " in line:
             status = line.split(" | ", 1)[1].split(" => ", 1)[0].strip() if " | " in line else ""
             try:
