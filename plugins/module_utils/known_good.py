@@ -81,8 +81,14 @@ class KnownGoodStore:
     def info(self) -> dict:
         return {which: self.read(which) for which in SNAPSHOTS}
 
-    def save(self, files: dict, dropin_dir: str, meta: dict, check_mode: bool = False) -> dict:
-        """Record the live ``files`` ({name: path}, e.g. unit and environment) and drop-ins as ``current``."""
+    def save(
+        self, files: dict, dropin_dir: str, meta: dict, check_mode: bool = False, sources: dict | None = None
+    ) -> dict:
+        """Record the live ``files`` ({name: path}, e.g. unit and environment) and drop-ins as ``current``.
+
+        ``sources`` ({"python": the engine's interpreter}) names the SGLang installation whose source state the
+        snapshot must be able to re-create; None records the unit's files only.
+        """
         live = live_files(files, dropin_dir)
         manifest = dict(meta, files=live, saved_at=now_iso())
         manifest["verified_at"] = manifest["saved_at"]
