@@ -156,7 +156,7 @@ msg:
   description: One line saying what was done, or why it failed.
   returned: always
   type: str
-  sample: "http://10.0.0.5:30000 removed from 2 of 2 gateway(s)"
+  sample: "http://10.0.0.5:30000 added to 2 of 2 gateway(s)"
 worker_url:
   description: The worker's URL as the gateways were told it.
   returned: when the options were valid
@@ -185,7 +185,7 @@ gateways:
       description: C(added), C(removed), C(add pending) (an add already queued there was waited for), C(removal
         pending) (already draining), C(would add), C(would remove) (check mode) or C(none).
       type: str
-      sample: removed
+      sample: added
     changed:
       description: Whether an add or a removal was requested from this gateway.
       type: bool
@@ -193,16 +193,16 @@ gateways:
     present:
       description: Whether the gateway lists the worker.
       type: bool
-      sample: false
+      sample: true
     healthy:
       description: Whether the gateway reports the worker healthy and ready; null when it does not list it.
       type: bool
-      sample: null
+      sample: true
     status:
-      description: The gateway's status of the worker (smg - C(ready), C(pending), C(not_ready), C(failed),
-        C(draining)); null when it does not list it.
+      description: The gateway's status of the worker (smg - C(ready), C(not_ready), C(failed), C(draining); the older
+        router - C(listed)); null when it does not list it.
       type: str
-      sample: null
+      sample: ready
     model:
       description: The model the gateway says the worker serves.
       type: str
@@ -212,9 +212,9 @@ gateways:
       type: str
       sample: 01a23329-dc7d-7258-902b-95a4d305de32
     waiting_for:
-      description: What the gateway still reported when the wait ended, or null.
+      description: What the gateway still reported when the wait ended unfinished, else null.
       type: str
-      sample: null
+      sample: "listed but not healthy (status not_ready)"
     workers:
       description: Every worker the gateway lists, with C(url), C(id), C(model), C(healthy) and C(status).
       type: list

@@ -108,6 +108,13 @@ def test_the_role_converges_idempotently_with_a_hardened_unit(lab, topology):
     assert props["TimeoutStopUSec"] == "35s"
     pid = pids[host]
     assert sh(lab, host, f"ps -o user= -p {pid}").strip() == "sglang-gateway"
+    status = sh(lab, host, f"cat /proc/{pid}/status")
+    assert (
+        "NoNewPrivs:\t1" in status and "CapEff:\t0000000000000000" in status and "CapBnd:\t0000000000000000" in status
+    )
+    assert lab.exec(host, f"nsenter -t {pid} -m touch /usr/smg-probe").returncode != 0, (
+        "ProtectSystem=strict not applied"
+    )
     # The key is nowhere but in the root-only key file: not in the unit, the command line, the environment.
     assert sh(lab, host, "stat -c '%U %a' /etc/llmops/sglang-gateway.key").strip() == "root 600"
     for place in ("/etc/systemd/system/sglang-gateway.service", f"/proc/{pid}/cmdline", f"/proc/{pid}/environ",
