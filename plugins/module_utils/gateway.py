@@ -200,6 +200,7 @@ class GatewayClient:
         self.validate_certs = validate_certs
         self.dialect = None
         self._session = None
+        self._detected_listing = None
 
     def _open(self, method: str, url: str, data, headers: dict, timeout: float):
         if self._session is None:
@@ -259,6 +260,7 @@ class GatewayClient:
             listing = answer.json()
             if isinstance(listing, dict) and isinstance(listing.get("workers"), list):
                 self.dialect = DIALECT_SMG
+                self._detected_listing = answer
                 return self.dialect
             raise GatewayError(self.url, f"GET /workers did not answer a worker list: {_snippet(answer.body)!r}")
         if answer.status not in (404, 405):
@@ -268,6 +270,7 @@ class GatewayClient:
         listing = legacy.json() if legacy.status == 200 else None
         if isinstance(listing, dict) and isinstance(listing.get("urls"), list):
             self.dialect = DIALECT_LEGACY
+            self._detected_listing = legacy
             return self.dialect
         raise GatewayError(
             self.url,
@@ -275,15 +278,20 @@ class GatewayClient:
             f"(HTTP {legacy.status}): is it an SGLang gateway?",
         )
 
+    def _listing(self, path: str) -> Answer:
+        """The listing at ``path``; the first call after detect() uses the answer detect() already read."""
+        answer, self._detected_listing = self._detected_listing, None
+        return answer if answer is not None else self.request("GET", path)
+
     def workers(self) -> list:
         """Every worker the gateway lists (smg leaves out workers whose add is still pending)."""
         if self.detect() == DIALECT_SMG:
-            answer = self.request("GET", "/workers")
+            answer = self._listing("/workers")
             listing = answer.json() if answer.status == 200 else None
             if not isinstance(listing, dict) or not isinstance(listing.get("workers"), list):
                 raise self._unexpected(answer, "GET /workers")
             return [Worker.from_smg(entry) for entry in listing["workers"] if isinstance(entry, dict)]
-        answer = self.request("GET", "/list_workers")
+        answer = self._listing("/list_workers")
         listing = answer.json() if answer.status == 200 else None
         if not isinstance(listing, dict) or not isinstance(listing.get("urls"), list):
             raise self._unexpected(answer, "GET /list_workers")
@@ -416,9 +424,9 @@ class GatewaySet:
     def __init__(
         self,
         urls,
-        *,
         api_key=None,
         timeout: float = 10.0,
+        *,
         validate_certs: bool = True,
         worker_api_key=None,
         wait_timeout: float = 120.0,

@@ -107,16 +107,18 @@ def test_bad_gateway_lists_are_refused_before_any_request(gateways):
 def test_dialect_is_detected_once_per_gateway(gateways):
     smg, legacy = gateways("smg"), gateways("legacy")
     assert GatewayClient(smg.url).detect() == DIALECT_SMG
+    smg.requests.clear()
     client = GatewayClient(legacy.url)
     assert client.detect() == DIALECT_LEGACY
     client.workers()
     client.workers()
-    assert [path for _, path, _, _ in legacy.requests] == [
-        "/workers",
-        "/list_workers",
-        "/list_workers",
-        "/list_workers",
-    ]
+    # The listing read while detecting serves the first workers() call.
+    assert [path for _, path, _, _ in legacy.requests] == ["/workers", "/list_workers", "/list_workers"]
+    smg_client = GatewayClient(smg.url)
+    smg_client.detect()
+    smg_client.workers()
+    smg_client.workers()
+    assert [path for _, path, _, _ in smg.requests] == ["/workers", "/workers"]
 
 
 def test_a_server_that_is_not_a_gateway_is_named(gateways):
