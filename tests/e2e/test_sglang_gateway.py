@@ -48,8 +48,15 @@ def topology(lab):
     found = connect_hosts(lab)
     for host in lab.hosts:
         start_engine(lab, host, KEY)
+    fresh_check = apply_gateway_role(lab, "all", {"sglang_gateway_api_key": KEY}, check=True, diff=True)
+    left_by_check = {
+        host: lab.exec(
+            host, f"ls -d /opt/sglang-gateway /etc/llmops/sglang-gateway.key /etc/systemd/system/{GATEWAY_UNIT}"
+        ).stdout
+        for host in lab.hosts
+    }
     first = apply_gateway_role(lab, "all", {"sglang_gateway_api_key": KEY})
-    yield {"addresses": found, "first_run": first}
+    yield {"addresses": found, "first_run": first, "fresh_check": fresh_check, "left_by_check": left_by_check}
     for host in lab.hosts:
         sh(lab, host, f"systemctl stop {GATEWAY_UNIT} {ENGINE_UNIT} 2>/dev/null; true")
     lab.reset()
@@ -74,6 +81,15 @@ def membership(lab, topology, state: str, worker: str, **args) -> dict:
 
 def listed(lab, topology) -> dict:
     return {host: sorted(url for url, _, _ in gateway_workers(lab, host, KEY)) for host in lab.hosts}
+
+
+def test_check_mode_on_a_fresh_host_reports_changes_and_makes_none(lab, topology):
+    checked = topology["fresh_check"]
+    assert checked.returncode == 0, checked.stdout[-4000:]
+    assert all(counts["changed"] > 0 and counts["failed"] == 0 for counts in recap(checked).values())
+    assert "check mode: would install smg==1.13.0" in checked.stdout
+    assert "check mode: would restart sglang-gateway.service" in checked.stdout
+    assert topology["left_by_check"] == dict.fromkeys(lab.hosts, "")
 
 
 def test_the_role_converges_idempotently_with_a_hardened_unit(lab, topology):

@@ -444,3 +444,13 @@ def test_a_worker_key_cannot_reach_the_older_router_and_says_so(gateways):
     legacy = gateways("legacy")
     result = gateway_set(legacy, worker_api_key="k").add(WORKER)
     assert any("sglang-router before 0.2" in warning for warning in result.warnings)
+
+
+def test_a_worker_listed_with_a_trailing_slash_or_capitals_is_the_same_worker(gateways):
+    fake = gateways()
+    fake.register("HTTP://10.0.0.5:30000/")
+    fake.register(OTHER)
+    assert gateway_set(fake).add(WORKER).changed is False
+    removed = gateway_set(fake).remove(WORKER)
+    assert removed.changed is True
+    assert fake.listed() == [OTHER]
