@@ -87,16 +87,16 @@ def start_engine(lab, host: str, api_key: str) -> None:
     sh(lab, host, f"python3 - <<'EOF'\n{script}EOF", timeout=90)
 
 
-def apply_gateway_role(lab, hosts: str, extra_vars: dict | None = None, check: bool = False, diff: bool = False):
+def apply_gateway_role(
+    lab, hosts: str, extra_vars: dict | None = None, check: bool = False, diff: bool = False, tags: str = ""
+) -> subprocess.CompletedProcess:
     """Run the role through tests/e2e/playbooks/sglang_gateway.yml with the lab's inventory variables."""
-    return lab.playbook(
-        GATEWAY_PLAY,
-        extra_vars={"gateway_test_hosts": hosts, **(extra_vars or {})},
-        check=check,
-        diff=diff,
-        inventories=(LAB_INVENTORY,),
-        timeout=900,
-    )
+    cmd = ["ansible-playbook", "-i", str(lab.inventory), "-i", str(LAB_INVENTORY), str(GATEWAY_PLAY),
+           "-e", json.dumps({"gateway_test_hosts": hosts, **(extra_vars or {})})]  # fmt: skip
+    cmd += ["--check"] if check else []
+    cmd += ["--diff"] if diff else []
+    cmd += ["--tags", tags] if tags else []
+    return subprocess.run(cmd, capture_output=True, text=True, env=lab.env(), timeout=900, check=False)
 
 
 def main_pid(lab, host: str, unit: str = GATEWAY_UNIT) -> int:

@@ -105,6 +105,10 @@ def test_the_role_converges_idempotently_with_a_hardened_unit(lab, topology):
     checked = apply_gateway_role(lab, "all", {"sglang_gateway_api_key": KEY}, check=True, diff=True)
     assert checked.returncode == 0 and all(counts["changed"] == 0 for counts in recap(checked).values())
     assert {host: main_pid(lab, host) for host in lab.hosts} == pids, "a run without changes restarted the gateway"
+    forced = apply_gateway_role(lab, lab.hosts[1], {"sglang_gateway_api_key": KEY}, tags="sglang_gateway_restart")
+    assert forced.returncode == 0, forced.stdout[-3000:]
+    assert main_pid(lab, lab.hosts[1]) != pids[lab.hosts[1]]
+    pids[lab.hosts[1]] = main_pid(lab, lab.hosts[1])
 
     host = lab.hosts[0]
     props = unit_properties(
