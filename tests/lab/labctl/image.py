@@ -14,6 +14,7 @@ from .system import LabError, run
 CACHE_ROOT = Path(os.environ.get("LLMOPS_LAB_CACHE", "/var/cache/llmops-lab"))
 WHEEL_DIR = CACHE_ROOT / "wheels"
 SGLANG_VENV = "/opt/sglang/venv"
+WHEELHOUSE = "/opt/llmops-wheels"
 
 # Everything that decides the image's content. Change it and the cache key changes.
 RECIPE = {
@@ -33,6 +34,19 @@ RECIPE = {
     ],
     "venv": SGLANG_VENV,
     "wheels": ["sglang==0.5.23", "nvidia-ml-py==13.615.71"],
+    # An offline wheelhouse in the image: the real gateway (smg) and what pip resolves for it on Python 3.11.
+    "wheelhouse": {
+        "path": WHEELHOUSE,
+        "wheels": [
+            "smg==1.13.0",
+            "grpcio==1.85.3",
+            "grpcio-health-checking==1.85.1",
+            "protobuf==7.36.2",
+            "pyyaml==6.0.4",
+            "setproctitle==1.3.8",
+            "typing-extensions==4.16.0",
+        ],
+    },
     "steps": 2,
 }
 
@@ -83,12 +97,45 @@ def ensure_wheels() -> list[Path]:
     return wanted
 
 
+def ensure_wheelhouse() -> list[Path]:
+    """Download the wheelhouse's pinned wheels (each with --no-deps; the list is the whole resolved set)."""
+    WHEEL_DIR.mkdir(parents=True, exist_ok=True)
+    wanted = []
+    for spec in RECIPE["wheelhouse"]["wheels"]:
+        name, version = spec.split("==")
+        prefix = f"{name.replace('-', '_')}-{version}-"
+        found = sorted(WHEEL_DIR.glob(f"{prefix}*.whl"))
+        if not found:
+            # smg, protobuf and grpcio ship abi3 and manylinux2014 wheels as well as cp311 ones.
+            platforms = ["manylinux_2_34_x86_64", "manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "any"]
+            run(
+                [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
+                 "--python-version", "3.11", "--implementation", "cp",
+                 "--abi", "cp311", "--abi", "abi3", "--abi", "none",
+                 *[option for platform in platforms for option in ("--platform", platform)],
+                 "-d", str(WHEEL_DIR), spec]
+            )  # fmt: skip
+            found = sorted(WHEEL_DIR.glob(f"{prefix}*.whl"))
+        if not found:
+            raise LabError(f"could not download {spec} into {WHEEL_DIR}")
+        wanted.append(found[-1])
+    return wanted
+
+
+def _install_wheelhouse(rootfs: Path, wheels: list[Path]) -> None:
+    target = rootfs / RECIPE["wheelhouse"]["path"].lstrip("/")
+    target.mkdir(parents=True, exist_ok=True)
+    for wheel in wheels:
+        shutil.copy2(wheel, target / wheel.name)
+
+
 def ensure_image(rebuild: bool = False, log=print) -> Path:
     """Return the cached rootfs for the current recipe, building it first if needed."""
     target = rootfs_path()
     if target.is_dir() and not rebuild:
         return target
     wheels = ensure_wheels()
+    wheelhouse = ensure_wheelhouse()
     partial = target.with_name(target.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     CACHE_ROOT.mkdir(parents=True, exist_ok=True)
@@ -105,6 +152,7 @@ def ensure_image(rebuild: bool = False, log=print) -> Path:
             ]
         )
         _install_sglang_venv(partial, wheels)
+        _install_wheelhouse(partial, wheelhouse)
         _finish(partial)
     except BaseException:
         if not os.environ.get("LLMOPS_LAB_KEEP_PARTIAL"):
