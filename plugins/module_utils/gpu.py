@@ -377,8 +377,23 @@ def query_nvidia_smi(run_command=None, binary: str = "nvidia-smi") -> list:
             by_uuid[uuid].processes.append(proc)
     for gpu in gpus:
         gpu.processes = _merge_processes(gpu.processes)
-    rc, listing, _err = run_command([binary, *SMI_LIST])
-    return _smi_mig_devices(gpus, listing) if rc == 0 else gpus
+    listing = _mig_listing(run_command, binary)
+    return _smi_mig_devices(gpus, listing) if listing is not None else gpus
+
+
+# `nvidia-smi -L` per (binary, runner): MIG devices change only when an administrator changes them, and a module
+# polls memory many times in one run; nvidia-smi takes a while to start on a real host.
+_MIG_LISTINGS = {}
+
+
+def _mig_listing(run_command, binary: str):
+    key = (binary, run_command)
+    if key not in _MIG_LISTINGS:
+        rc, listing, _err = run_command([binary, *SMI_LIST])
+        if rc != 0:
+            return None
+        _MIG_LISTINGS[key] = listing
+    return _MIG_LISTINGS[key]
 
 
 def query_gpus(backend: str = "auto", run_command=None, nvml=None) -> tuple:

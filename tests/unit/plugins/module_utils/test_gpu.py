@@ -323,3 +323,18 @@ def test_memory_without_a_live_holder_on_mig_devices_names_the_device():
     assert [(e["gpu"], e["uuid"], e["pid"]) for e in found] == [(0, "GPU-aaaa", 4242), (0, MIG_A, 4242)]
     assert found[1]["evidence"].endswith(f"holding 30000 MiB on MIG device 0 ({MIG_A})")
     assert gpu.memory_without_live_holder(gpus, lambda pid: types.SimpleNamespace(is_alive=True), 1024) == []
+
+
+def test_nvidia_smi_lists_mig_devices_once_per_runner():
+    answers = {gpu.SMI_GPU_QUERY[0]: "0, GPU-aaaa, NVIDIA A100-SXM4-80GB, 1, 81920\n", gpu.SMI_APPS_QUERY[0]: ""}
+    answers["-L"] = SMI_LIST_MIG
+    calls = []
+
+    def run(args):
+        calls.append(args[1])
+        return 0, answers[args[1]], ""
+
+    for _ in range(3):
+        _backend, gpus = gpu.query_gpus("nvidia-smi", run_command=run)
+        assert [g.uuid for g in gpus][:2] == ["GPU-aaaa", "MIG-c6d4f1ef-42e4-5de3-91c7-45d71c87eb3f"]
+    assert calls.count("-L") == 1 and len(calls) == 1 + 3 * 2, "memory polls cost two nvidia-smi runs each"
