@@ -219,8 +219,8 @@ child = os.fork()
 if child == 0:
     subprocess.run(["simgpu-claim", "--gpu", "0", "--mib", "20000", "--pid", str(os.getpid())], check=True)
     os._exit(0)
-print(child, flush=True)
-sys.stdout.close()
+with open("/run/zombie.pid", "w") as out:
+    out.write(str(child))
 time.sleep(600)
 """
 
@@ -235,12 +235,13 @@ def test_a_zombie_holding_memory_fails_the_reap_fast_with_the_evidence(clean_lab
     lab = clean_lab
     host, foreign, plain = bystanders
     maker = shlex.quote(ZOMBIE_MAKER)
-    zombie = int(
-        sh(lab, host, f"setsid python3 -c {maker} </dev/null 2>/dev/null & sleep 1; pgrep -P $! || true").strip() or 0
-    )
-    if not zombie or zombie not in listed_holders(lab, host):
-        pytest.skip(f"needs {LAB_FEATURE_ZOMBIE}")
+    sh(lab, host, f"rm -f /run/zombie.pid; setsid python3 -c {maker} </dev/null >/dev/null 2>&1 &")
+    zombie = int(sh(lab, host, "until [ -s /run/zombie.pid ]; do sleep 0.05; done; cat /run/zombie.pid"))
+    sh(lab, host, f"until grep -q '^[^)]*) Z' /proc/{zombie}/stat; do sleep 0.05; done", timeout=30)
     parent = int(sh(lab, host, f"awk '{{print $4}}' /proc/{zombie}/stat"))
+    if zombie not in listed_holders(lab, host):
+        lab.exec(host, f"kill -KILL {parent}")
+        pytest.skip(f"needs {LAB_FEATURE_ZOMBIE}")
     args = {"match": "^sglang::", "orphans_only": True, "gpus": ["0"], "grace": 1, "kill_timeout": 2, "timeout": 30}
 
     preview = lab.module(host, MODULE, args, check=True)
