@@ -246,7 +246,7 @@ def fleet_probe(lab, host, window: float, **extra) -> str:
     variables = {
         "fleet_probe_hosts": host,
         "fleet_probe_progress_window": window,
-        "sglang_service_name": UNIT.removesuffix(".service"),
+        "sglang_service_name": UNIT[: -len(".service")],
         "sglang_service_tp_size": 2,
         "sglang_service_model_path": MODEL,
         **extra,
