@@ -12,18 +12,29 @@ import re
 
 DEFAULT_MIN_DISTINCT_RATIO = 0.25
 
-# A run of one character needs MIN_CHAR_REPEATS, a longer unit (up to
-# MAX_PERIOD chars) MIN_UNIT_REPEATS, and the run must cover MIN_TAIL_SHARE of the text ("Hello!!!!!!!!"
-# counts, "Wow!!" does not). Below MIN_WORDS_FOR_RATIO words a distinct-word ratio says nothing; it is taken
-# over the last RATIO_WINDOW words because the ratio of any long text falls with its length.
+# A run of one character needs MIN_CHAR_REPEATS, a longer unit (up to MAX_PERIOD chars) MIN_UNIT_REPEATS, and the
+# run must cover MIN_TAIL_SHARE of the text ("Hello!!!!!!!!" counts, "Wow!!" does not). A loop of words (up to
+# MAX_WORD_PERIOD of them, at least one not a number: rows of digits repeat in tables and matrices) needs
+# MIN_WORD_UNIT_REPEATS (a single word MIN_WORDS_FOR_SAME_WORD) and must cover MIN_TAIL_SHARE of the words or
+# RATIO_WINDOW words; up to MAX_TAIL_SLACK words after it are ignored (a loop cut off by a stray word).
+# The distinct-word ratio is only taken over prose: tables, truth tables, code, JSON and CSV repeat their keys,
+# digits and keywords by nature, which is told by their share of symbol characters (STRUCTURED_SYMBOL_SHARE) or by
+# rows (table rows, or rows of numbers) making up half of their lines; numbers are left out of it. Below
+# MIN_WORDS_FOR_RATIO words a ratio says nothing; it is taken over the last RATIO_WINDOW words because the ratio
+# of any long text falls with its length.
 QUOTE_CHARS = 20
 MAX_PERIOD = 16
 MIN_CHAR_REPEATS = 5
 MIN_UNIT_REPEATS = 4
 MIN_TAIL_SHARE = 0.5
 MIN_WORDS_FOR_SAME_WORD = 4
+MAX_WORD_PERIOD = 24
+MIN_WORD_UNIT_REPEATS = 3
+MAX_TAIL_SLACK = 2
 MIN_WORDS_FOR_RATIO = 12
 RATIO_WINDOW = 100
+STRUCTURED_SYMBOL_SHARE = 0.15
+MIN_TABLE_ROWS = 2
 WORD = re.compile(r"\w+", re.UNICODE)
 
 
@@ -49,12 +60,51 @@ def _repeated_tail(text: str) -> tuple:
     return best
 
 
+def _repeated_word_tail(words: list) -> tuple:
+    """Longest loop of words at the end of ``words`` (up to MAX_TAIL_SLACK words after it): ``(unit, repeats,
+    length)`` for a unit of at most MAX_WORD_PERIOD words with a word that is not a number."""
+    best = ((), 0, 0)
+    for slack in range(min(MAX_TAIL_SLACK, len(words)) + 1):
+        body = words[: len(words) - slack]
+        size = len(body)
+        for period in range(1, min(MAX_WORD_PERIOD, size // 2) + 1):
+            start = size - period - 1
+            while start >= 0 and body[start] == body[start + period]:
+                start -= 1
+            length = size - start - 1
+            repeats = length // period
+            unit = tuple(body[size - length : size - length + period])
+            needed = MIN_WORDS_FOR_SAME_WORD if period == 1 else MIN_WORD_UNIT_REPEATS
+            if repeats >= needed and length > best[2] and not all(word.isdigit() for word in unit):
+                best = (unit, repeats, length)
+    return best
+
+
+def _is_row(line: str) -> bool:
+    """A table row (two or more ``|``) or a row of data (no word of two letters or more, only numbers and signs)."""
+    if line.count("|") >= 2:
+        return True
+    words = WORD.findall(line)
+    return bool(words) and not any(sum(char.isalpha() for char in word) >= 2 for word in words)
+
+
+def is_structured(text: str) -> bool:
+    """Tables, truth tables, code, JSON, CSV: many symbol characters, or rows making up half of the lines."""
+    visible = [char for char in text if not char.isspace()]
+    symbols = sum(1 for char in visible if not char.isalnum())
+    if visible and symbols / len(visible) >= STRUCTURED_SYMBOL_SHARE:
+        return True
+    lines = [line for line in text.splitlines() if line.strip()]
+    rows = sum(1 for line in lines if _is_row(line))
+    return rows >= MIN_TABLE_ROWS and rows * 2 >= len(lines)
+
+
 def degenerate_reason(text: str, min_distinct_ratio: float = DEFAULT_MIN_DISTINCT_RATIO) -> str | None:
     """Why ``text`` looks like a broken engine's output, or None when it reads like an answer.
 
-    Flags one character or one short unit repeated over most of the text, one word repeated, and text
-    whose distinct-word ratio is below ``min_distinct_ratio``. Short answers and ordinary repetitive
-    text (numbered lists, recipes) pass.
+    Flags one character or one short unit repeated over most of the text, one word repeated, a loop of words
+    over most of the text (or its last RATIO_WINDOW words), and prose whose distinct-word ratio is below
+    ``min_distinct_ratio``. Short answers, lists, tables, code and JSON pass.
     """
     stripped = text.strip()
     if not stripped:
@@ -66,12 +116,18 @@ def degenerate_reason(text: str, min_distinct_ratio: float = DEFAULT_MIN_DISTINC
     words = [word.lower() for word in WORD.findall(stripped)]
     if len(words) >= MIN_WORDS_FOR_SAME_WORD and len(set(words)) == 1:
         return f"degenerate output: {quote_sample(stripped)} (one word repeated {len(words)} times)"
-    window = words[-RATIO_WINDOW:]
+    loop, repeats, length = _repeated_word_tail(words)
+    if repeats and (length >= MIN_TAIL_SHARE * len(words) or length >= RATIO_WINDOW):
+        return f"degenerate output: {quote_sample(stripped)} ({' '.join(loop)!r} repeated {repeats} times)"
+    if is_structured(stripped):
+        return None
+    window = [word for word in words if not word.isdigit()][-RATIO_WINDOW:]
     if len(window) >= MIN_WORDS_FOR_RATIO:
         distinct = len(set(window))
         ratio = distinct / len(window)
         if ratio < min_distinct_ratio:
-            where = f"of the last {len(window)} words" if len(words) > len(window) else f"of {len(window)} words"
+            prose = [word for word in words if not word.isdigit()]
+            where = f"of the last {len(window)} words" if len(prose) > len(window) else f"of {len(window)} words"
             return (
                 f"degenerate output: {quote_sample(stripped)} "
                 f"({distinct} distinct {where}, ratio {ratio:.2f} < {min_distinct_ratio})"

@@ -36,13 +36,25 @@ PROG = "llmops-gate"
 
 
 def describe_holders(gpu, proc_root: str = "/proc") -> str:
-    """``pid 123 'sglang::scheduler_TP0' 44000 MiB, ...`` for the processes NVML lists on ``gpu``."""
+    """``pid 123 'sglang::scheduler_TP0' 44000 MiB, ...`` for the processes NVML lists on ``gpu``.
+
+    A holder that no longer exists or is a zombie is marked: its memory stays until a GPU reset or a reboot
+    unless the driver releases it shortly.
+    """
+    if not gpu.processes_known:
+        errors = "; ".join(error["error"] for error in gpu.errors if error["field"] == "processes")
+        return f"process list unavailable ({errors or 'unknown error'})"
     parts = []
     for holder in gpu.processes:
         proc = read_process(holder.pid, proc_root)
         title = proc.title if proc is not None else "?"
         memory = f"{holder.used_mib} MiB" if holder.used_mib is not None else "unknown MiB"
-        parts.append(f"pid {holder.pid} {title!r} {memory}")
+        mark = ""
+        if proc is None:
+            mark = " (no such process: memory still held by the driver)"
+        elif not proc.is_alive:
+            mark = f" (zombie, parent {proc.ppid}: memory still held)"
+        parts.append(f"pid {holder.pid} {title!r} {memory}{mark}")
     return ", ".join(parts) if parts else "no process listed (another container or PID namespace?)"
 
 
@@ -51,11 +63,16 @@ def busy_gpus(gpus: list, threshold_mib: int) -> list:
     return [gpu for gpu in gpus if gpu.used_mib is None or gpu.used_mib > threshold_mib]
 
 
+def _unknown_memory(gpu) -> str:
+    errors = "; ".join(error["error"] for error in gpu.errors if error["field"] == "memory")
+    return f"unknown memory ({errors})" if errors else "unknown memory"
+
+
 def refusal_message(unit: str, busy: list, threshold_mib: int, proc_root: str = "/proc") -> str:
     lines = [f"refusing to start {unit}: {len(busy)} GPU(s) hold more than {threshold_mib} MiB"]
     for gpu in busy:
-        used = f"{gpu.used_mib} MiB" if gpu.used_mib is not None else "unknown memory"
-        lines.append(f"GPU {gpu.index} ({gpu.uuid}) uses {used}: {describe_holders(gpu, proc_root)}")
+        used = f"{gpu.used_mib} MiB" if gpu.used_mib is not None else _unknown_memory(gpu)
+        lines.append(f"{gpu.display} ({gpu.uuid}) uses {used}: {describe_holders(gpu, proc_root)}")
     return "\n".join(lines)
 
 
@@ -85,7 +102,7 @@ def check_gpus_free(
         return not seen["busy"]
 
     if wait_for(free, wait_seconds, interval=0.2, clock=clock, sleep=sleep):
-        used = ", ".join(f"GPU {gpu.index} {gpu.used_mib} MiB" for gpu in seen["gpus"])
+        used = ", ".join(f"{gpu.display} {gpu.used_mib} MiB" for gpu in seen["gpus"])
         return True, f"GPUs free for {unit} (at most {threshold_mib} MiB used each): {used}"
     return False, refusal_message(unit, seen["busy"], threshold_mib, proc_root)
 
@@ -151,7 +168,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     modes = parser.add_subparsers(dest="mode", required=True)
     free = modes.add_parser("gpu-free", help="exit 0 only when the GPUs hold at most --threshold-mib each")
-    free.add_argument("--gpus", type=_gpu_list, required=True, help="comma-separated GPU indices or UUIDs")
+    free.add_argument(
+        "--gpus", type=_gpu_list, required=True, help="comma-separated GPU indices, GPU- UUIDs or MIG- UUIDs"
+    )
     free.add_argument("--threshold-mib", type=int, required=True)
     free.add_argument("--wait", type=float, default=0.0, help="seconds to wait for memory still being released")
     free.add_argument("--backend", choices=BACKENDS, default="auto")

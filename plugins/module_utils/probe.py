@@ -1,8 +1,9 @@
 # Copyright: (c) 2025, llmops.inference contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""Does an SGLang host serve? Tiered checks (unit, gpu, health, model, generate, floors), optionally
-repeated until ready, each with a status, a reason and its time.
+"""Does an SGLang host serve? Tiered checks (unit, gpu, progress, health, model, generate, floors, soak),
+optionally repeated until ready, each with a status, a reason and its time; an unhealthy host is also checked
+for GPU memory that only a reset frees.
 
 Private to the llmops.inference collection; not a public API. The systemd, process and GPU readers are
 injected so every tier can be exercised without a host.
@@ -13,7 +14,12 @@ from __future__ import annotations
 import time
 
 from ansible_collections.llmops.inference.plugins.module_utils.degenerate import degenerate_reason, quote_sample
-from ansible_collections.llmops.inference.plugins.module_utils.gpu import query_gpus, select_gpus
+from ansible_collections.llmops.inference.plugins.module_utils.gpu import (
+    memory_without_live_holder,
+    query_gpus,
+    runnable_gpus,
+    select_gpus,
+)
 from ansible_collections.llmops.inference.plugins.module_utils.probe_report import (
     EARLIER_FAILED,
     FAILED,
@@ -24,14 +30,33 @@ from ansible_collections.llmops.inference.plugins.module_utils.probe_report impo
     probe_result,
 )
 from ansible_collections.llmops.inference.plugins.module_utils.probe_settings import TIER_NAMES, ProbeSettings
-from ansible_collections.llmops.inference.plugins.module_utils.procs import pids_of_unit
-from ansible_collections.llmops.inference.plugins.module_utils.sglang import SglangError, SglangTimeout
+from ansible_collections.llmops.inference.plugins.module_utils.procs import pids_of_unit, read_process, wait_for
+from ansible_collections.llmops.inference.plugins.module_utils.sglang import (
+    SglangError,
+    SglangHTTPError,
+    SglangTimeout,
+)
 from ansible_collections.llmops.inference.plugins.module_utils.systemd import SHOW_PROPERTIES, show_unit
 from ansible_collections.llmops.inference.plugins.module_utils.unit_verdicts import (
     DEAD_STATES,
     unit_not_active_reason,
     unit_restart_reason,
 )
+
+# SGLang 0.5.23's metric names (sglang/srt/observability/metrics_collector.py). The request gauges are set by the
+# scheduler at each stats log (every decode_log_interval steps) and again when it goes idle; generation_tokens_total
+# grows when a request finishes (tokenizer_manager.py, observe_one_finished_request), realtime_tokens_total at
+# every prefill and decode step (metrics_reporter.py, increment_realtime_tokens).
+RUNNING_METRIC = "sglang:num_running_reqs"
+QUEUED_METRIC = "sglang:num_queue_reqs"
+GENERATED_METRIC = "sglang:generation_tokens_total"
+PROCESSED_METRIC = "sglang:realtime_tokens_total"
+PROGRESS_METRICS = (RUNNING_METRIC, QUEUED_METRIC, GENERATED_METRIC, PROCESSED_METRIC)
+PROGRESS_POLL_S = 0.5
+# How long memory without a live holder must stay before an unhealthy host is reported as needing a GPU reset:
+# it also shows for a moment after a holder exits, until the driver releases it.
+UNREAPABLE_CONFIRM_S = 2.0
+UNREAPABLE_POLL_S = 0.2
 
 SPECULATIVE_FIELDS = {
     "algorithm": "speculative_algorithm",
@@ -53,11 +78,47 @@ class TierSkip(Exception):
     """The tier does not apply (no unit given, no floors set)."""
 
 
+def request_count(samples: list) -> int:
+    """Requests in one of SGLang's request gauges, over its series.
+
+    Series with a non-empty ``priority`` label are the per-priority breakdown of the total in ``priority=""``;
+    the attention-TP ranks of one DP rank report the same batch (the largest is taken), DP ranks add up.
+    """
+    by_dp = {}
+    for labels, value in samples:
+        if labels.get("priority", ""):
+            continue
+        rank = labels.get("dp_rank", "")
+        by_dp[rank] = max(by_dp.get(rank, 0.0), value)
+    return int(sum(by_dp.values()))
+
+
+class MetricsSnapshot:
+    """What one /metrics scrape says about progress."""
+
+    def __init__(self, samples: dict, at: float):
+        self.at = at
+        self.running = request_count(samples.get(RUNNING_METRIC, []))
+        self.queued = request_count(samples.get(QUEUED_METRIC, []))
+        # A labelled counter has no sample until it first grows, so a missing one is 0.
+        self.generated = sum(value for _labels, value in samples.get(GENERATED_METRIC, []))
+        self.processed = sum(value for _labels, value in samples.get(PROCESSED_METRIC, []))
+
+    @property
+    def busy(self) -> int:
+        return self.running + self.queued
+
+    @property
+    def tokens(self) -> float:
+        return self.generated + self.processed
+
+
 class SglangProbe:
     """Runs the tiers against one server (and its systemd unit), once or until ready.
 
-    ``unit_reader(unit) -> UnitState``, ``unit_pids(unit) -> [pid]`` and ``gpu_reader() -> [Gpu]`` are
-    the host readers (systemd, /proc, NVML or nvidia-smi); ``client`` is an SglangClient.
+    ``unit_reader(unit) -> UnitState``, ``unit_pids(unit) -> [pid]``, ``gpu_reader() -> [Gpu]`` and
+    ``process_reader(pid) -> ProcessInfo | None`` are the host readers (systemd, /proc, NVML or nvidia-smi);
+    ``client`` is an SglangClient.
     """
 
     def __init__(
@@ -70,12 +131,14 @@ class SglangProbe:
         gpu_reader=None,
         clock=time.monotonic,
         sleep=time.sleep,
+        process_reader=read_process,
     ):
         self.settings = settings
         self.client = client
         self.unit_reader = unit_reader
         self.unit_pids = unit_pids
         self.gpu_reader = gpu_reader
+        self.process_reader = process_reader
         self.clock = clock
         self.sleep = sleep
         self._baseline = None
@@ -109,7 +172,8 @@ class SglangProbe:
                 break
             self.sleep(max(0.0, next_start - self.clock()))
         waited = attempt_started - started if settings.wait_timeout > 0 else 0.0
-        return probe_result(attempt, attempts, waited, self.clock() - started)
+        unreapable = [] if attempt.healthy else self._unreapable()
+        return probe_result(attempt, attempts, waited, self.clock() - started, unreapable)
 
     def _attempt(self) -> Attempt:
         attempt = Attempt()
@@ -205,7 +269,7 @@ class SglangProbe:
     # gpu --------------------------------------------------------------------------------------------
 
     def _held_mib(self, gpu, pids) -> int:
-        if pids is None:
+        if pids is None or not gpu.processes_known:
             return gpu.used_mib or 0
         mine = [proc for proc in gpu.processes if proc.pid in pids]
         if any(proc.used_mib is None for proc in mine):
@@ -213,7 +277,8 @@ class SglangProbe:
         return sum(proc.used_mib for proc in mine)
 
     def _expected_gpus(self, gpus: list) -> tuple:
-        """``(gpus that must each hold memory, how many of them must)``."""
+        """``(devices that must each hold memory, how many of them must)``; without a list, the devices an engine
+        can run on (MIG devices of a GPU in MIG mode, else whole GPUs)."""
         settings = self.settings
         if settings.gpu_selectors:
             try:
@@ -221,13 +286,14 @@ class SglangProbe:
             except ValueError as exc:
                 raise TierFailure(f"expected_gpus: {exc}") from None
             return chosen, len(chosen)
+        devices = runnable_gpus(gpus)
         if settings.gpu_count:
-            if settings.gpu_count > len(gpus):
-                raise TierFailure(f"expected {settings.gpu_count} GPUs but the host has {len(gpus)}")
-            return list(gpus), settings.gpu_count
-        if not gpus:
+            if settings.gpu_count > len(devices):
+                raise TierFailure(f"expected {settings.gpu_count} GPUs but the host has {len(devices)}")
+            return devices, settings.gpu_count
+        if not devices:
             raise TierFailure("no GPUs found")
-        return list(gpus), len(gpus)
+        return devices, len(devices)
 
     def _check_gpu(self, attempt: Attempt) -> str:
         try:
@@ -236,24 +302,125 @@ class SglangProbe:
             raise TierFailure(f"cannot list GPUs: {exc}") from None
         unit = self.settings.unit
         pids = set(self.unit_pids(unit)) if unit else None
-        held = {gpu.index: self._held_mib(gpu, pids) for gpu in gpus}
-        attempt.gpu_memory_mib = {str(index): mib for index, mib in sorted(held.items())}
+        held = {gpu.key: self._held_mib(gpu, pids) for gpu in gpus}
+        attempt.gpu_memory_mib = {gpu.key: held[gpu.key] for gpu in gpus}
+        attempt.gpu_errors = [{"gpu": gpu.index, "uuid": gpu.uuid, **error} for gpu in gpus for error in gpu.errors]
         candidates, needed = self._expected_gpus(gpus)
         # With a count, the GPUs the unit uses most must do (CUDA_VISIBLE_DEVICES may pick any of them).
-        ranked = sorted(candidates, key=lambda gpu: (-held[gpu.index], gpu.index))[:needed]
+        ranked = sorted(candidates, key=lambda gpu: (-held[gpu.key], gpu.index, gpu.mig_index or 0))[:needed]
+        ranked.sort(key=lambda gpu: (gpu.index, -1 if gpu.mig_index is None else gpu.mig_index))
         minimum = self.settings.min_gpu_memory_mib
-        for gpu in sorted(ranked, key=lambda gpu: gpu.index):
-            if held[gpu.index] < minimum:
-                raise TierFailure(self._gpu_reason(gpu, held[gpu.index], attempt))
-        return ", ".join(f"{held[gpu.index]} MiB on GPU {gpu.index}" for gpu in sorted(ranked, key=lambda g: g.index))
+        for gpu in ranked:
+            if held[gpu.key] < minimum:
+                raise TierFailure(self._gpu_reason(gpu, held[gpu.key], attempt))
+        return ", ".join(f"{held[gpu.key]} MiB on {gpu.display}" for gpu in ranked)
 
     def _gpu_reason(self, gpu, held: int, attempt: Attempt) -> str:
+        unknown = "" if gpu.processes_known else " (its process list is unavailable, so all of its used memory counts)"
         if not self.settings.unit:
-            return f"GPU {gpu.index} has {held} MiB used: model not loaded"
+            return f"{gpu.display} has {held} MiB used: model not loaded"
         state = attempt.unit_state
         who = "unit active but its processes" if state is not None and state.is_active else "the unit's processes"
         total = f" ({gpu.used_mib} MiB used on the GPU in all)" if gpu.used_mib not in (None, held) else ""
-        return f"{who} hold {held} MiB on GPU {gpu.index}{total}: model not loaded"
+        return f"{who} hold {held} MiB on {gpu.display}{total}{unknown}: model not loaded"
+
+    def _unreapable(self) -> list:
+        """On an unhealthy host, GPU memory that no live process holds and that stays (a reset or a reboot frees it).
+
+        Looks at the expected GPUs (all the devices an engine can run on without a list), only when the ``gpu``
+        tier was requested; waits up to UNREAPABLE_CONFIRM_S for memory the driver is still releasing.
+        """
+        if "gpu" not in self.settings.tiers or self.gpu_reader is None:
+            return []
+        found = []
+
+        def released() -> bool:
+            try:
+                gpus = self.gpu_reader()
+                chosen = select_gpus(gpus, self.settings.gpu_selectors) if self.settings.gpu_selectors else None
+            except Exception:
+                found.clear()
+                return True  # the gpu tier reports a listing that fails
+            found[:] = memory_without_live_holder(
+                runnable_gpus(gpus) if chosen is None else chosen,
+                self.process_reader,
+                self.settings.unaccounted_threshold_mib,
+            )
+            return not found
+
+        wait_for(released, UNREAPABLE_CONFIRM_S, UNREAPABLE_POLL_S, self.clock, self.sleep)
+        return found
+
+    # progress ---------------------------------------------------------------------------------------
+
+    def _scrape(self) -> MetricsSnapshot:
+        samples = self.client.metric_samples(PROGRESS_METRICS)
+        return MetricsSnapshot(samples, self.clock())
+
+    def _check_progress(self, attempt: Attempt) -> str:
+        """Two or more /metrics scrapes up to ``progress_window`` apart: requests running or queued while no token
+        is generated is a hang. Ends early once tokens are generated or the requests are gone."""
+        window = self.settings.progress_window
+        if not window:
+            raise TierSkip("no progress_window set")
+        try:
+            first = self._scrape()
+        except SglangHTTPError as exc:
+            if exc.status != 404:
+                raise TierFailure(f"cannot read /metrics: {exc}") from None
+            attempt.progress = {"window_s": window, "metrics": False}
+            reason = "/metrics answered HTTP 404 (the server runs without --enable-metrics): progress not judged"
+            if self.settings.progress_require_metrics:
+                raise TierFailure(reason) from None
+            raise TierSkip(reason) from None
+        except SglangError as exc:
+            raise TierFailure(f"cannot read /metrics: {exc}") from None
+        last = first
+        self._note_progress(attempt, first, last, "idle")
+        if not first.busy:
+            return "idle: 0 running, 0 queued"
+        deadline = first.at + window
+        while True:
+            self.sleep(max(0.0, min(PROGRESS_POLL_S, deadline - self.clock())))
+            try:
+                last = self._scrape()
+            except SglangError as exc:
+                raise TierFailure(f"cannot read /metrics during the progress window: {exc}") from None
+            counts = f"{last.running} running, {last.queued} queued"
+            if last.tokens < first.tokens:
+                self._note_progress(attempt, first, last, "reset")
+                raise TierFailure(f"token counters went backwards within {window:g} s (the server restarted?)")
+            if last.tokens > first.tokens:
+                self._note_progress(attempt, first, last, "progressing")
+                return f"progressing: {self._generated(first, last)} in {last.at - first.at:.1f} s ({counts})"
+            if not last.busy:
+                self._note_progress(attempt, first, last, "drained")
+                return f"drained: no request running or queued after {last.at - first.at:.1f} s"
+            if last.at >= deadline:
+                self._note_progress(attempt, first, last, "hung")
+                attempt.hung = True
+                raise TierFailure(f"hung: {counts}, no token generated in {window:g} s")
+
+    @staticmethod
+    def _generated(first: MetricsSnapshot, last: MetricsSnapshot) -> str:
+        parts = []
+        if last.generated > first.generated:
+            parts.append(f"{last.generated - first.generated:g} tokens of finished requests")
+        if last.processed > first.processed:
+            parts.append(f"{last.processed - first.processed:g} tokens processed")
+        return " and ".join(parts)
+
+    def _note_progress(self, attempt: Attempt, first: MetricsSnapshot, last: MetricsSnapshot, verdict: str) -> None:
+        attempt.progress = {
+            "window_s": self.settings.progress_window,
+            "metrics": True,
+            "verdict": verdict,
+            "running": last.running,
+            "queued": last.queued,
+            "generated_tokens": last.generated - first.generated,
+            "processed_tokens": last.processed - first.processed,
+            "observed_s": round(last.at - first.at, 3),
+        }
 
     # http -------------------------------------------------------------------------------------------
 
@@ -320,6 +487,36 @@ class SglangProbe:
         ttft = f", TTFT {result.ttft_s:.3f} s" if result.ttft_s is not None else ""
         return f"{result.completion_tokens} tokens in {result.latency_s:.3f} s{ttft}{rate}"
 
+    def _check_soak(self, attempt: Attempt) -> str:
+        """``soak_requests`` short generations one after another, each within ``generate_timeout``."""
+        settings = self.settings
+        count = settings.soak_requests
+        if not count:
+            raise TierSkip("no soak_requests set")
+        latencies = []
+        attempt.soak = {"requests": count, "completed": 0, "latencies_s": latencies, "failed_request": None}
+        for number in range(1, count + 1):
+            problem = None
+            try:
+                result = self.client.generate(settings.prompt, settings.soak_max_new_tokens, settings.generate_timeout)
+            except SglangTimeout as exc:
+                problem = f"timed out: {exc}"
+            except SglangError as exc:
+                problem = f"failed: {exc}"
+            else:
+                if not result.text.strip():
+                    problem = f"returned empty output ({result.completion_tokens or 0} completion tokens)"
+                else:
+                    degenerate = degenerate_reason(result.text, settings.min_distinct_ratio)
+                    problem = f"returned {degenerate}" if degenerate else None
+            if problem:
+                attempt.soak["failed_request"] = number
+                done = f"; {len(latencies)} before it took {_latency_range(latencies)}" if latencies else ""
+                raise TierFailure(f"soak request {number} of {count} {problem}{done}")
+            latencies.append(round(result.latency_s, 3))
+            attempt.soak["completed"] = number
+        return f"{count} requests, {_latency_range(latencies)}"
+
     def _check_floors(self, attempt: Attempt) -> str:
         settings = self.settings
         if settings.min_tokens_per_s is None and settings.min_accept_length is None:
@@ -345,3 +542,9 @@ class SglangProbe:
                 raise TierFailure(f"accept length {accept:.2f} below min_accept_length {settings.min_accept_length}")
             passed.append(f"accept length {accept:.2f}")
         return ", ".join(passed)
+
+
+def _latency_range(latencies: list) -> str:
+    ordered = sorted(latencies)
+    median = ordered[len(ordered) // 2]
+    return f"latency median {median:.3f} s, max {ordered[-1]:.3f} s"

@@ -8,11 +8,16 @@ Private to the llmops.inference collection; not a public API.
 
 from __future__ import annotations
 
+from ansible_collections.llmops.inference.plugins.module_utils.gpu import reset_message
 from ansible_collections.llmops.inference.plugins.module_utils.probe_settings import TIER_NAMES
 
 OK, FAILED, SKIPPED = "ok", "failed", "skipped"
 EARLIER_FAILED = "earlier tier failed"
 TEXT_SAMPLE_CHARS = 200
+# What a probe says about a host, most urgent first: memory only a GPU reset frees, a hung engine (requests
+# running or queued, no token generated in the progress window), any other failure, serving.
+NEEDS_GPU_RESET, HUNG, NOT_SERVING, SERVING = "needs_gpu_reset", "hung", "not_serving", "serving"
+STATES = (SERVING, NOT_SERVING, HUNG, NEEDS_GPU_RESET)
 
 
 class TierResult:
@@ -37,6 +42,10 @@ class Attempt:
         self.model = {}
         self.speculative = {}
         self.generation = None
+        self.gpu_errors = []
+        self.progress = {}
+        self.soak = {}
+        self.hung = False
 
     @property
     def failed_tier(self) -> str | None:
@@ -51,12 +60,23 @@ class Attempt:
         return self.failed_tier is None
 
 
-def probe_result(attempt: Attempt, attempts: int, waited_s: float, elapsed_s: float) -> dict:
-    """The module's result from the last attempt, how many there were, and the time waited and spent."""
+def probe_state(attempt: Attempt, unreapable) -> str:
+    if attempt.healthy:
+        return SERVING
+    if unreapable:
+        return NEEDS_GPU_RESET
+    return HUNG if attempt.hung else NOT_SERVING
+
+
+def probe_result(attempt: Attempt, attempts: int, waited_s: float, elapsed_s: float, unreapable=()) -> dict:
+    """The module's result from the last attempt, how many there were, the time waited and spent, and the memory
+    found that only a GPU reset frees (``unreapable``, looked for on an unhealthy host)."""
     failed = attempt.failed_tier
     state = attempt.unit_state
+    unreapable = list(unreapable)
     return {
         "healthy": failed is None,
+        "state": probe_state(attempt, unreapable),
         "failed_tier": failed,
         "reason": attempt.tiers[failed].reason if failed else None,
         "tiers": [attempt.tiers[name].as_dict() for name in TIER_NAMES],
@@ -64,9 +84,15 @@ def probe_result(attempt: Attempt, attempts: int, waited_s: float, elapsed_s: fl
         "n_restarts": state.n_restarts if state is not None else None,
         "active_state": state.active_state if state is not None else None,
         "gpu_memory_mib": attempt.gpu_memory_mib,
+        "gpu_errors": attempt.gpu_errors,
         "model": attempt.model,
         "speculative": attempt.speculative,
         "generation": generation_facts(attempt.generation),
+        "progress": dict(attempt.progress),
+        "soak": dict(attempt.soak),
+        "unreapable": unreapable,
+        "reset_gpus": sorted({entry["gpu"] for entry in unreapable if entry["gpu"] is not None}),
+        "reset_message": reset_message(unreapable) if unreapable else None,
         "waited_s": round(waited_s, 3),
         "elapsed_s": round(elapsed_s, 3),
         "attempts": attempts,

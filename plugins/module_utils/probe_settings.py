@@ -15,11 +15,15 @@ from ansible_collections.llmops.inference.plugins.module_utils.module_support im
 from ansible_collections.llmops.inference.plugins.module_utils.sglang import DEFAULT_URL, validate_url
 from ansible_collections.llmops.inference.plugins.module_utils.systemd import normalize_unit_name
 
-TIER_NAMES = ("unit", "gpu", "health", "model", "generate", "floors")
+# In the order they run. `progress` runs before the HTTP tiers: a hung engine can keep /health waiting (SGLang's
+# /health runs a generation), and the progress verdict takes one window at most.
+TIER_NAMES = ("unit", "gpu", "progress", "health", "model", "generate", "floors", "soak")
 MAX_POLL_INTERVAL = 0.5
 DEFAULT_PROMPT = "List the first five prime numbers."
 DEFAULT_MAX_NEW_TOKENS = 32
 DEFAULT_MIN_GPU_MEMORY_MIB = 1024
+DEFAULT_SOAK_MAX_NEW_TOKENS = 8
+DEFAULT_UNACCOUNTED_THRESHOLD_MIB = 1024
 
 
 def parse_expected_gpus(value) -> tuple:
@@ -66,6 +70,11 @@ class ProbeSettings:
         stability_window=0.0,
         wait_timeout=0.0,
         poll_interval=MAX_POLL_INTERVAL,
+        progress_window=None,
+        progress_require_metrics=False,
+        soak_requests=0,
+        soak_max_new_tokens=DEFAULT_SOAK_MAX_NEW_TOKENS,
+        unaccounted_threshold_mib=DEFAULT_UNACCOUNTED_THRESHOLD_MIB,
     ):
         self.url = url
         self.unit = unit or None
@@ -85,6 +94,13 @@ class ProbeSettings:
         self.stability_window = stability_window
         self.wait_timeout = wait_timeout
         self.poll_interval = poll_interval
+        self.progress_window = progress_window
+        self.progress_require_metrics = bool(progress_require_metrics)
+        self.soak_requests = 0 if soak_requests is None else soak_requests
+        self.soak_max_new_tokens = DEFAULT_SOAK_MAX_NEW_TOKENS if soak_max_new_tokens is None else soak_max_new_tokens
+        self.unaccounted_threshold_mib = (
+            DEFAULT_UNACCOUNTED_THRESHOLD_MIB if unaccounted_threshold_mib is None else unaccounted_threshold_mib
+        )
         self.gpu_count = None
         self.gpu_selectors = None
         self.pattern = None
@@ -121,6 +137,7 @@ class ProbeSettings:
             self.tp_size is None or self.tp_size >= 1, "tp_size", f"tp_size must be at least 1, got {self.tp_size}"
         )
         _require(bool((self.prompt or "").strip()), "prompt", "prompt must not be empty")
+        self._validate_progress_and_soak()
         if self.expect_regex:
             try:
                 self.pattern = re.compile(self.expect_regex)
@@ -133,6 +150,40 @@ class ProbeSettings:
         if self.gpu_count is None and self.gpu_selectors is None and self.tp_size:
             self.gpu_count = self.tp_size
         return self
+
+    def _validate_progress_and_soak(self) -> None:
+        window = self.progress_window
+        if window is not None:
+            _require(
+                _is_number(window) and window > 0,
+                "progress_window",
+                f"progress_window must be a number of seconds greater than 0 (leave it unset to turn the progress "
+                f"tier off), got {window!r}",
+            )
+        _require(
+            _is_whole(self.soak_requests) and self.soak_requests >= 0,
+            "soak_requests",
+            f"soak_requests must be a whole number of requests, 0 (no soak) or more, got {self.soak_requests!r}",
+        )
+        _require(
+            _is_whole(self.soak_max_new_tokens) and self.soak_max_new_tokens >= 1,
+            "soak_max_new_tokens",
+            f"soak_max_new_tokens must be a whole number of at least 1, got {self.soak_max_new_tokens!r}",
+        )
+        _require(
+            _is_whole(self.unaccounted_threshold_mib) and self.unaccounted_threshold_mib >= 0,
+            "unaccounted_threshold_mib",
+            "unaccounted_threshold_mib must be a whole number of MiB, 0 or more, "
+            f"got {self.unaccounted_threshold_mib!r}",
+        )
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_whole(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _require(condition: bool, option: str, message: str) -> None:

@@ -9,6 +9,11 @@ Scope: a process is in scope when its PID is listed in ``pids``, or when it pass
 other selectors that are set (``unit`` AND ``match`` AND ``orphans_only``). Candidates are the
 in-scope processes that hold memory on the selected GPUs (or a /dev/nvidia* file, when asked),
 minus the safety exclusions, which always apply and are reported in ``excluded``.
+
+Unreapable: a candidate still alive ``kill_timeout`` seconds after SIGKILL, and memory on the selected GPUs
+that no live process holds (a zombie or a gone PID the driver still lists, or used memory no listed process
+accounts for) once it has lasted ``kill_timeout`` seconds. Only a GPU reset or a reboot frees either; the
+result lists them in ``unreapable`` with their evidence.
 """
 
 from __future__ import annotations
@@ -24,8 +29,11 @@ from ansible_collections.llmops.inference.plugins.module_utils.gpu import (
     BACKENDS,
     GpuQueryError,
     device_holders,
+    memory_without_live_holder,
     query_gpus,
+    reset_message,
     select_gpus,
+    stuck_entry,
 )
 from ansible_collections.llmops.inference.plugins.module_utils.module_support import PrefixedOptionError, refused_as
 from ansible_collections.llmops.inference.plugins.module_utils.procs import (
@@ -48,6 +56,8 @@ from ansible_collections.llmops.inference.plugins.module_utils.systemd import (
 EXIT_POLL_S = 0.1
 MEMORY_POLL_S = 0.2
 SELECTORS = ("unit", "match", "orphans_only", "pids")
+DEFAULT_KILL_TIMEOUT = 10.0
+DEFAULT_UNACCOUNTED_THRESHOLD_MIB = 1024
 
 
 class ReapInputError(PrefixedOptionError):
@@ -77,6 +87,9 @@ class ReapOptions:
     wait_released: bool = True
     released_below_mib: int | None = None
     timeout: float = 60.0
+    kill_timeout: float = DEFAULT_KILL_TIMEOUT
+    unaccounted_threshold_mib: int = DEFAULT_UNACCOUNTED_THRESHOLD_MIB
+    fail_on_unreapable: bool = True
 
 
 def _non_negative(params: dict, option: str, default: float) -> float:
@@ -89,6 +102,19 @@ def _non_negative(params: dict, option: str, default: float) -> float:
         raise ReapInputError(option, f"must be a number of seconds >= 0, got {value!r}") from None
     if number < 0:
         raise ReapInputError(option, f"must be >= 0 seconds, got {value!r}")
+    return number
+
+
+def _mib_option(params: dict, option: str, default: int) -> int:
+    value = params.get(option)
+    if value is None:
+        return default
+    try:
+        number = int(str(value).strip())
+    except ValueError:
+        raise ReapInputError(option, f"must be a whole number of MiB >= 0, got {value!r}") from None
+    if isinstance(value, bool) or number < 0:
+        raise ReapInputError(option, f"must be a whole number of MiB >= 0, got {value!r}")
     return number
 
 
@@ -133,6 +159,10 @@ def parse_options(params: dict) -> ReapOptions:
     below = params.get("released_below_mib")
     if below is not None and int(below) < 0:
         raise ReapInputError("released_below_mib", f"must be >= 0 MiB, got {below!r}")
+    kill_timeout = _non_negative(params, "kill_timeout", DEFAULT_KILL_TIMEOUT)
+    if kill_timeout <= 0:
+        raise ReapInputError("kill_timeout", f"must be > 0 seconds, got {params.get('kill_timeout')!r}")
+    unaccounted = _mib_option(params, "unaccounted_threshold_mib", DEFAULT_UNACCOUNTED_THRESHOLD_MIB)
     return ReapOptions(
         unit=unit,
         allow_active=bool(params.get("allow_active")),
@@ -147,6 +177,9 @@ def parse_options(params: dict) -> ReapOptions:
         wait_released=params.get("wait_released", True) is not False,
         released_below_mib=None if below is None else int(below),
         timeout=_non_negative(params, "timeout", 60.0),
+        kill_timeout=kill_timeout,
+        unaccounted_threshold_mib=unaccounted,
+        fail_on_unreapable=params.get("fail_on_unreapable", True) is not False,
     )
 
 
@@ -200,7 +233,8 @@ def holdings(gpus: list, device_files: dict) -> dict:
     for gpu in gpus:
         for proc in gpu.processes:
             holding = held.setdefault(proc.pid, Holding())
-            holding.gpus.append(gpu.index)
+            if gpu.index not in holding.gpus:
+                holding.gpus.append(gpu.index)
             if proc.used_mib is not None:
                 holding.used_mib = (holding.used_mib or 0) + proc.used_mib
     for pid, paths in device_files.items():
@@ -212,7 +246,7 @@ def render_gpus(gpus: list) -> str:
     """Text for diff mode: one line per GPU, one indented line per holder."""
     lines = []
     for gpu in gpus:
-        lines.append(f"GPU {gpu.index} {gpu.uuid}: {_mib(gpu.used_mib)} / {_mib(gpu.total_mib)} MiB used")
+        lines.append(f"{gpu.display} {gpu.uuid}: {_mib(gpu.used_mib)} / {_mib(gpu.total_mib)} MiB used")
         lines.extend(f"  pid {proc.pid}: {_mib(proc.used_mib)} MiB" for proc in gpu.processes)
     return "\n".join(lines) + "\n"
 
@@ -320,6 +354,12 @@ class GpuReaper:
         warnings = []
         if unit_state is not None and unit_state.load_state not in ("loaded", ""):
             warnings.append(f"unit {unit_name} is not loaded (LoadState={unit_state.load_state})")
+        for gpu in gpus:
+            warnings.extend(
+                f"{gpu.display} ({gpu.uuid}): {error['field']} unavailable ({error['error']})"
+                + ("; the processes holding memory on it cannot be found" if error["field"] == "processes" else "")
+                for error in gpu.errors
+            )
         candidates, excluded = [], []
         for pid in sorted(set(held) | set(self.options.pids)):
             proc = read_process(pid, self.proc_root)
@@ -365,13 +405,18 @@ class GpuReaper:
 
     def _still_held(self, plan: Plan, reaped_pids: set) -> tuple:
         """(current selected GPUs, list of reasons memory is not yet released)."""
+        gpus, held = self._held(plan, reaped_pids)
+        return gpus, [text for _uuid, _pid, text in held]
+
+    def _held(self, plan: Plan, reaped_pids: set) -> tuple:
+        """(current selected GPUs, [(GPU UUID or None, PID or None, reason)] for memory not yet released)."""
         gpus = self.query(plan.backend, self.run_command)[1]
         wanted = {gpu.uuid for gpu in plan.gpus}
         gpus = [gpu for gpu in gpus if gpu.uuid in wanted]
         reasons = []
         for gpu in gpus:
             reasons.extend(
-                f"pid {proc.pid} still holds {_mib(proc.used_mib)} MiB on GPU {gpu.index}"
+                (gpu.uuid, proc.pid, f"pid {proc.pid} still holds {_mib(proc.used_mib)} MiB on {gpu.display}")
                 for proc in gpu.processes
                 if proc.pid in reaped_pids
             )
@@ -379,14 +424,25 @@ class GpuReaper:
             if below is not None and (gpu.used_mib is None or gpu.used_mib > below):
                 holders = ", ".join(str(proc.pid) for proc in gpu.processes) or "no listed process"
                 reasons.append(
-                    f"GPU {gpu.index} uses {_mib(gpu.used_mib)} MiB > released_below_mib {below} (holders: {holders})"
+                    (
+                        gpu.uuid,
+                        None,
+                        f"{gpu.display} uses {_mib(gpu.used_mib)} MiB > released_below_mib {below} "
+                        f"(holders: {holders})",
+                    )
                 )
         if self.options.include_device_holders:
             open_files = self.holders(self.proc_root)
             reasons.extend(
-                f"pid {pid} still has {', '.join(open_files[pid])} open" for pid in reaped_pids & set(open_files)
+                (None, pid, f"pid {pid} still has {', '.join(open_files[pid])} open")
+                for pid in reaped_pids & set(open_files)
             )
         return gpus, reasons
+
+    def _stuck(self, gpus: list) -> list:
+        return memory_without_live_holder(
+            gpus, lambda pid: read_process(pid, self.proc_root), self.options.unaccounted_threshold_mib
+        )
 
     def _pids_to_watch(self, candidates: list) -> set:
         """The candidates' PIDs, minus any now taken by a different process (a reused PID)."""
@@ -397,21 +453,38 @@ class GpuReaper:
                 watched.add(candidate.pid)
         return watched
 
-    def _wait_released(self, plan: Plan, timeout: float) -> tuple:
+    def _wait_released(self, plan: Plan, timeout: float, unkillable: set) -> tuple:
+        """Poll until the reaped memory is released, or only memory nobody can free is left and has stayed
+        ``kill_timeout`` seconds (the driver's release lags a process's exit). Returns (GPUs, reasons, stuck
+        memory, whether the wait ran out of ``timeout``)."""
         state = {}
+        started = self.clock()
 
-        def released() -> bool:
-            state["gpus"], state["reasons"] = self._still_held(plan, self._pids_to_watch(plan.candidates))
-            return not state["reasons"]
+        def settled() -> bool:
+            state["gpus"], held = self._held(plan, self._pids_to_watch(plan.candidates))
+            state["reasons"] = [text for _uuid, _pid, text in held]
+            state["stuck"] = self._stuck(state["gpus"])
+            stuck_pids = {entry["pid"] for entry in state["stuck"]} | unkillable
+            stuck_gpus = {entry["uuid"] for entry in state["stuck"]} | self._gpus_of(plan, unkillable)
+            unexplained = [
+                text for uuid, pid, text in held if pid not in stuck_pids and not (pid is None and uuid in stuck_gpus)
+            ]
+            if unexplained:
+                return False
+            return not state["stuck"] or self.clock() - started >= self.options.kill_timeout
 
-        wait_for(released, timeout, MEMORY_POLL_S, self.clock, self.sleep)
-        return state["gpus"], state["reasons"]
+        done = wait_for(settled, timeout, MEMORY_POLL_S, self.clock, self.sleep)
+        return state["gpus"], state["reasons"], state["stuck"], not done
+
+    def _gpus_of(self, plan: Plan, pids: set) -> set:
+        return {gpu.uuid for gpu in plan.gpus for proc in gpu.processes if proc.pid in pids}
 
     def run(self, check_mode: bool = False) -> dict:
         """Plan, then (outside check mode) signal, wait, and verify; return the module result.
 
         Raises ReapInputError for bad options (nothing signalled), ReapError when reaping could not
-        finish; its ``result`` then holds what was done.
+        finish, or when memory nobody can free is left (unless ``fail_on_unreapable`` is false); its
+        ``result`` then holds what was done.
         """
         started = self.clock()
         try:
@@ -422,6 +495,8 @@ class GpuReaper:
             "backend": plan.backend,
             "excluded": plan.excluded,
             "unkillable": [],
+            "unreapable": [],
+            "reset_gpus": [],
             "gpus_before": [gpu.as_dict() for gpu in plan.gpus],
             "warnings": list(plan.warnings),
         }
@@ -430,12 +505,28 @@ class GpuReaper:
         failure = None
         if check_mode:
             gpus_after, shown_after = plan.gpus, _without(plan.gpus, {c.pid for c in plan.candidates})
+            result["unreapable"] = self._stuck(plan.gpus)
+            result["warnings"].extend(
+                f"pid {c.pid} ({c.proc.title}) is in uninterruptible sleep (state D) and may survive SIGKILL"
+                for c in plan.candidates
+                if c.proc.state == "D"
+            )
         else:
             try:
                 gpus_after, failure = self._reap(plan, result)
             except (GpuQueryError, ReapError) as exc:
                 gpus_after, failure = plan.gpus, str(exc)
             shown_after = gpus_after
+        unreapable = result["unreapable"]
+        result["reset_gpus"] = sorted({entry["gpu"] for entry in unreapable if entry["gpu"] is not None})
+        if unreapable:
+            message = reset_message(unreapable)
+            if check_mode or not self.options.fail_on_unreapable:
+                result["warnings"].append(message)
+            elif failure is None:
+                failure = message
+            elif message not in failure:
+                failure = f"{message}; {failure}"
         before_total, after_total = _used_total(plan.gpus), _used_total(gpus_after)
         result.update(
             changed=bool(plan.candidates) if check_mode else any(c.signals for c in plan.candidates),
@@ -454,31 +545,65 @@ class GpuReaper:
             raise ReapError(failure, result)
         return result
 
+    def _survivor_entries(self, plan: Plan, candidate: Candidate, proc, alive_s: float) -> list:
+        """Unreapable entries for a candidate still alive after SIGKILL: one per GPU it holds memory on."""
+        memory = {
+            gpu.uuid: (gpu, held.used_mib) for gpu in plan.gpus for held in gpu.processes if held.pid == candidate.pid
+        }
+        base = f"pid {candidate.pid} {candidate.proc.title!r} (state {proc.state}, parent {proc.ppid}) still alive "
+        base += f"{alive_s:.1f} s after SIGKILL"
+        entries = []
+        for gpu, mib in memory.values():
+            entries.append(stuck_entry(gpu, candidate.pid, mib, f"{base}, holding {_mib(mib)} MiB", proc))
+        if not entries:
+            files = ", ".join(candidate.holding.device_files) or "no GPU memory listed"
+            entries.append(
+                {
+                    "gpu": None,
+                    "uuid": None,
+                    "pid": candidate.pid,
+                    "state": proc.state,
+                    "ppid": proc.ppid,
+                    "title": proc.title,
+                    "mib": None,
+                    "evidence": f"{base}, with {files} open",
+                }
+            )
+        return entries
+
     def _reap(self, plan: Plan, result: dict) -> tuple:
         """Signal, escalate, wait for exits and release. Returns (GPUs after, failure message or None)."""
         options = self.options
         candidates = plan.candidates
         for candidate in candidates:
             self._signal(candidate, options.signal)
+        killed_at = self.clock() if candidates and options.signal == signal.SIGKILL else None
         if candidates and options.signal != signal.SIGKILL:
             exited = wait_for(lambda: self._all_exited(candidates), options.grace, EXIT_POLL_S, self.clock, self.sleep)
             if not exited:
                 for candidate in candidates:
                     self._signal(candidate, signal.SIGKILL)
+                killed_at = self.clock()
         deadline = self.clock() + options.timeout
         if candidates:
-            wait_for(lambda: self._all_exited(candidates), options.timeout, EXIT_POLL_S, self.clock, self.sleep)
+            exit_wait = options.timeout if killed_at is None else min(options.timeout, options.kill_timeout)
+            wait_for(lambda: self._all_exited(candidates), exit_wait, EXIT_POLL_S, self.clock, self.sleep)
+        unkillable = set()
         for candidate in candidates:
             proc = read_process(candidate.pid, self.proc_root)
             if not candidate.exited and proc is not None:
+                unkillable.add(candidate.pid)
                 result["unkillable"].append({"pid": candidate.pid, "title": candidate.proc.title, "state": proc.state})
+                alive_s = self.clock() - (killed_at if killed_at is not None else self.clock())
+                result["unreapable"].extend(self._survivor_entries(plan, candidate, proc, alive_s))
         if result["unkillable"]:
             listed = ", ".join(f"{entry['pid']} (state {entry['state']})" for entry in result["unkillable"])
             result["warnings"].append(f"still alive after SIGKILL: {listed}")
         if not options.wait_released:
             return self._still_held(plan, set())[0], None
-        gpus, reasons = self._wait_released(plan, max(deadline - self.clock(), 0))
-        if reasons:
+        gpus, reasons, stuck, timed_out = self._wait_released(plan, max(deadline - self.clock(), 0), unkillable)
+        result["unreapable"].extend(stuck)
+        if timed_out and reasons:
             return gpus, f"GPU memory not released within timeout {options.timeout:g}s: " + "; ".join(reasons)
         return gpus, None
 

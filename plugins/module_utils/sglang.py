@@ -11,6 +11,8 @@ with a one-line message an operator can act on (which endpoint, what happened).
 from __future__ import annotations
 
 import json
+import math
+import re
 import socket
 import time
 from urllib.error import HTTPError, URLError
@@ -21,6 +23,10 @@ from ansible.module_utils.urls import Request, make_context
 DEFAULT_URL = "http://127.0.0.1:30000"
 STREAM_DONE = "[DONE]"
 ERROR_BODY_CHARS = 200
+# One sample of the Prometheus text exposition: name, optional {labels}, value (a timestamp may follow).
+METRIC_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(?:[^"}]|"(?:[^"\\]|\\.)*")*\})?\s+(\S+)')
+METRIC_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"')
+LABEL_ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
 
 
 def server_argument_spec() -> dict:
@@ -66,6 +72,37 @@ def validate_url(url: str) -> str:
     if parsed.query or parsed.fragment:
         raise ValueError(f"url must not carry a query or fragment, got {url!r}")
     return url.rstrip("/")
+
+
+def _label_value(raw: str) -> str:
+    return re.sub(r'\\[\\"n]', lambda match: LABEL_ESCAPES[match.group(0)], raw)
+
+
+def _sample_value(text: str) -> float | None:
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return None if math.isnan(value) else value
+
+
+def parse_metrics(text: str, names=None) -> dict:
+    """``{name: [(labels, value), ...]}`` from Prometheus text exposition, for ``names`` only when given.
+
+    Comments, blank lines, unparsable lines and NaN values are left out.
+    """
+    wanted = set(names) if names is not None else None
+    samples = {}
+    for line in text.splitlines():
+        match = METRIC_SAMPLE.match(line.strip())
+        if not match or (wanted is not None and match.group(1) not in wanted):
+            continue
+        value = _sample_value(match.group(3))
+        if value is None:
+            continue
+        labels = {key: _label_value(raw) for key, raw in METRIC_LABEL.findall(match.group(2) or "")}
+        samples.setdefault(match.group(1), []).append((labels, value))
+    return samples
 
 
 class GenerationResult:
@@ -242,6 +279,11 @@ class SglangClient:
     def metrics(self) -> str:
         """Prometheus text from /metrics (needs ``--enable-metrics`` on the server)."""
         return self._read_body(self._request("/metrics"), "/metrics", self.timeout).decode("utf-8", "replace")
+
+    def metric_samples(self, names=None) -> dict:
+        """``{name: [(labels, value), ...]}`` from /metrics (see :func:`parse_metrics`); a server without
+        ``--enable-metrics`` answers 404 (SglangHTTPError)."""
+        return parse_metrics(self.metrics(), names)
 
     def generate(
         self, prompt: str, max_new_tokens: int, timeout: float, temperature: float = 0.0, stream: bool = True

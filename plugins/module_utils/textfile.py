@@ -16,6 +16,8 @@ import tempfile
 import time
 
 PREFIX = "llmops_sglang_probe_"
+# The states of a probe result (probe_report.STATES); one sample each, 1 for the result's state.
+STATES = ("serving", "not_serving", "hung", "needs_gpu_reset")
 SUFFIX = ".prom"
 FILE_MODE = 0o644
 MIB = 1024 * 1024
@@ -89,6 +91,15 @@ def render_probe(result: dict, url: str, unit: str | None = None, now: float | N
         base["unit"] = unit
     out = Exposition(base)
     out.add("healthy", "1 when every requested tier of the probe passed, else 0.", bool(result.get("healthy")))
+    state = result.get("state") or ("serving" if result.get("healthy") else "not_serving")
+    for name in STATES:
+        out.add(
+            "state",
+            "1 for the host's state: serving, not_serving, hung (requests and no token generated in the progress "
+            "window) or needs_gpu_reset (GPU memory only a reset or a reboot frees); 0 for the others.",
+            name == state,
+            {"state": name},
+        )
     for tier in result.get("tiers", []):
         if tier["status"] == "skipped":
             continue
@@ -113,8 +124,52 @@ def render_probe(result: dict, url: str, unit: str | None = None, now: float | N
     generation = result.get("generation") or {}
     for name, help_text, key in GENERATION_METRICS:
         out.add(name, help_text, generation.get(key))
+    _add_progress(out, result.get("progress") or {})
+    _add_soak(out, result.get("soak") or {})
+    _add_unreapable(out, result.get("unreapable") or [])
     out.add("last_run_timestamp_seconds", "Unix time the probe finished.", time.time() if now is None else now)
     return out.render()
+
+
+def _add_progress(out: Exposition, progress: dict) -> None:
+    if not progress.get("metrics"):
+        return
+    out.add("progress_window_seconds", "The progress tier's window.", progress.get("window_s"))
+    out.add(
+        "progress_running_requests", "Requests running at the progress tier's last scrape.", progress.get("running")
+    )
+    out.add("progress_queued_requests", "Requests queued at the progress tier's last scrape.", progress.get("queued"))
+    generated = (progress.get("generated_tokens") or 0) + (progress.get("processed_tokens") or 0)
+    out.add("progress_tokens", "Tokens generated or processed between the progress tier's scrapes.", generated)
+
+
+def _add_soak(out: Exposition, soak: dict) -> None:
+    if not soak:
+        return
+    out.add("soak_requests", "Generations the soak tier asked for.", soak.get("requests"))
+    out.add("soak_completed_requests", "Soak generations that passed, in a row.", soak.get("completed"))
+    latencies = soak.get("latencies_s") or []
+    if latencies:
+        out.add("soak_max_latency_seconds", "The slowest soak generation that passed.", max(latencies))
+
+
+def _add_unreapable(out: Exposition, unreapable: list) -> None:
+    held = {}
+    for entry in unreapable:
+        if entry.get("gpu") is None:
+            continue
+        held.setdefault(str(entry["gpu"]), 0)
+        held[str(entry["gpu"])] += entry.get("mib") or 0
+    for gpu, mib in sorted(held.items()):
+        out.add(
+            "gpu_needs_reset", "1 for a GPU holding memory that only a reset or a reboot frees.", True, {"gpu": gpu}
+        )
+        out.add(
+            "gpu_unreapable_memory_bytes",
+            "GPU memory held by no live process, or by one that survives SIGKILL.",
+            mib * MIB,
+            {"gpu": gpu},
+        )
 
 
 def write_atomically(path: str, text: str, mode: int = FILE_MODE) -> None:

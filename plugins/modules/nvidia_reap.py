@@ -23,6 +23,15 @@ description:
     to another running systemd unit, unless its PID is listed in O(pids)."
   - Processes still alive after SIGKILL and O(timeout) (usually in uninterruptible sleep, state D) are
     reported in RV(unkillable).
+  - "B(Unreapable memory): a holder still alive O(kill_timeout) seconds after SIGKILL (usually state D, stuck in
+    the driver), a zombie that holds memory, or memory that no live process holds (a PID the driver still lists
+    but that is gone, or used memory on a selected GPU that no listed process accounts for, above
+    O(unaccounted_threshold_mib)) still there O(kill_timeout) seconds into the wait for the release. Only a GPU
+    reset or a reboot frees it. Each piece is listed in RV(unreapable) with its evidence (PID, state from
+    C(/proc/PID/stat), parent, MiB per GPU), and the task fails with
+    C(GPU <n> needs a reset or a reboot: <evidence>) unless O(fail_on_unreapable=false).
+    See the runbook C(docs/runbooks/gpu_needs_reset.md)."
+  - GPUs can be named by index, C(GPU-) UUID or C(MIG-) UUID; a MIG device has its own memory and processes.
 author:
   - llmops.inference maintainers (@llmops)
 requirements:
@@ -35,6 +44,8 @@ attributes:
     support: full
     description:
       - Lists the processes it would reap in RV(reaped) and signals nothing; C(changed) says whether it would signal.
+      - Lists what already looks unreapable (zombies or gone PIDs holding memory, memory no process accounts for)
+        in RV(unreapable) and warns, without failing; a candidate in state D is warned about.
   diff_mode:
     support: full
     description: Shows the GPU memory before and after (in check mode, the memory expected after).
@@ -72,8 +83,10 @@ options:
     elements: int
   gpus:
     description:
-      - GPUs to consider, by index or UUID. Default is all GPUs.
-      - Only memory on these GPUs makes a process a holder, and only these GPUs are watched for the release.
+      - GPUs to consider, by index, C(GPU-) UUID or C(MIG-) UUID (a MIG device, with its own memory and processes).
+        Default is all whole GPUs.
+      - Only memory on these GPUs makes a process a holder, and only these GPUs are watched for the release and
+        checked for unreapable memory.
     type: list
     elements: str
   include_device_holders:
@@ -115,12 +128,38 @@ options:
       - Seconds to wait, after the last signal, for the processes to exit and the memory to be released.
     type: float
     default: 60
+  kill_timeout:
+    description:
+      - Seconds a process may stay alive after SIGKILL, and memory without a live holder may stay held, before
+        either is judged unreapable (see the description). Bounded by O(timeout).
+      - Set it above the driver's release lag (usually well under a second, a few seconds on large GPUs).
+    type: float
+    default: 10
+  unaccounted_threshold_mib:
+    description:
+      - Used memory on a selected GPU that no listed process accounts for counts as unreapable above this many MiB.
+        It covers the driver's own reservation, which NVML counts as used on some boards.
+    type: int
+    default: 1024
+  fail_on_unreapable:
+    description:
+      - "Fail when unreapable memory is left (RV(unreapable) not empty), with the message
+        C(GPU <n> needs a reset or a reboot: <evidence>)."
+      - Set to V(false) to only report it (RV(unreapable), RV(reset_gpus) and a warning), for example to collect it
+        from a fleet.
+    type: bool
+    default: true
 notes:
   - Explicit O(pids) bypass only the other-unit rule; PID 1, the module's ancestors and kernel threads are never
     signalled.
   - Before each signal the process's start time is compared with the one seen while planning, so a reused PID
     is not signalled.
   - The memory polls run every 0.2 seconds and the exit polls every 0.1 seconds.
+  - A failed NVML query of one device (C(Not Supported), C(Insufficient Permissions)) leaves that field unknown
+    and is listed in the device's C(errors) in RV(gpus_before) and as a warning; the other devices are used as
+    reported. A GPU whose process list is unknown cannot show its holders.
+  - Memory held by a process of another PID namespace (a container) cannot be told from memory that no process
+    holds; run the module where the GPU's users are visible (on the host).
 seealso:
   - name: nvidia-smi
     description: NVIDIA System Management Interface.
@@ -157,6 +196,20 @@ EXAMPLES = r"""
   llmops.inference.nvidia_reap:
     pids: [41233, 41234]
     signal: SIGKILL
+
+- name: Reap the leftovers, and fail fast naming the GPU when a holder survives SIGKILL for 5 seconds
+  llmops.inference.nvidia_reap:
+    unit: sglang-qwen.service
+    gpus: ["MIG-5c4a2d61-9a3e-5b35-8d2f-1a9a6c1e2f00"]
+    kill_timeout: 5
+  register: reap
+
+- name: Collect unreapable GPU memory from a fleet without failing
+  llmops.inference.nvidia_reap:
+    match: '^sglang::'
+    orphans_only: true
+    fail_on_unreapable: false
+  register: leftovers
 
 - name: Show what would be reaped, without signalling anything
   llmops.inference.nvidia_reap:
@@ -250,6 +303,53 @@ unkillable:
       description: The process state letter from C(/proc/PID/stat).
       type: str
       sample: D
+unreapable:
+  description:
+    - Memory that only a GPU reset or a reboot frees, one entry per GPU and holder (see the description).
+    - In check mode, what already looks unreapable before any signal.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    gpu:
+      description: Index of the physical GPU (the parent of a MIG device); null for a holder with no GPU memory listed.
+      type: int
+      sample: 0
+    uuid:
+      description: UUID of the GPU or MIG device that holds the memory.
+      type: str
+      sample: GPU-3b1c0f1e-0000-4000-8000-000000000000
+    pid:
+      description: The holder's PID; null for used memory that no listed process accounts for.
+      type: int
+      sample: 41233
+    state:
+      description: The process state letter from C(/proc/PID/stat) (C(D), C(Z), ...); null when the PID is gone.
+      type: str
+      sample: D
+    ppid:
+      description: The holder's parent PID; null when the PID is gone.
+      type: int
+      sample: 1
+    title:
+      description: The holder's title; null when the PID is gone.
+      type: str
+      sample: "sglang::scheduler_TP0"
+    mib:
+      description: MiB held on that GPU; null when the driver does not say.
+      type: int
+      sample: 45012
+    evidence:
+      description: What was seen, in words.
+      type: str
+      sample: >-
+        pid 41233 'sglang::scheduler_TP0' (state D, parent 1) still alive 10.0 s after SIGKILL, holding 45012 MiB
+reset_gpus:
+  description: Indices of the physical GPUs in RV(unreapable), the ones that need a reset or a reboot.
+  returned: always
+  type: list
+  elements: int
+  sample: [0]
 gpus_before:
   description: The selected GPUs before anything was signalled.
   returned: success
@@ -277,6 +377,28 @@ gpus_before:
       description: Compute processes on the GPU, each with C(pid) and C(used_mib) (null when unknown).
       type: list
       elements: dict
+    errors:
+      description:
+        - The queries that failed for this device, each with C(field) (C(memory), C(processes), C(name),
+          C(mig_mode), ...) and C(error); the field they fill is null (memory) or empty (processes).
+      type: list
+      elements: dict
+      sample: [{field: memory, error: Not Supported}]
+    mig_enabled:
+      description: Present and true for a whole GPU in MIG mode (its memory is that of all its MIG devices).
+      type: bool
+    mig_index:
+      description: For a MIG device, its index under its parent GPU (C(Device N) in C(nvidia-smi -L)).
+      type: int
+    parent_uuid:
+      description: For a MIG device, the UUID of its parent GPU (whose index is RV(gpus_before[].index)).
+      type: str
+    gpu_instance_id:
+      description: For a MIG device, its GPU instance ID.
+      type: int
+    compute_instance_id:
+      description: For a MIG device, its compute instance ID.
+      type: int
 gpus_after:
   description: The selected GPUs at the end, in the same form as RV(gpus_before) (unchanged in check mode).
   returned: success
@@ -340,6 +462,9 @@ ARGUMENT_SPEC = dict(
     wait_released=dict(type="bool", default=True),
     released_below_mib=dict(type="int"),
     timeout=dict(type="float", default=60),
+    kill_timeout=dict(type="float", default=10),
+    unaccounted_threshold_mib=dict(type="int", default=1024),
+    fail_on_unreapable=dict(type="bool", default=True),
 )
 
 

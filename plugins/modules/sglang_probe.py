@@ -17,16 +17,31 @@ description:
     rise between the start and the end of the probe (at least O(stability_window) seconds); a restart loop fails
     here with both numbers.
   - C(gpu) - the processes in the unit's cgroup hold at least O(min_gpu_memory_mib) on each expected GPU
-    (O(expected_gpus), else O(tp_size), else all GPUs), which catches a unit that is active while the model never
-    loaded. Without O(unit), the GPUs' used memory is checked instead.
+    (O(expected_gpus), else O(tp_size), else all GPUs; a MIG device counts as a GPU of its own), which catches a
+    unit that is active while the model never loaded. Without O(unit), the GPUs' used memory is checked instead.
+  - "C(progress) (with O(progress_window)) - C(/metrics) is scraped, and again every 0.5 s for up to
+    O(progress_window) seconds; requests running or queued (C(sglang:num_running_reqs), C(sglang:num_queue_reqs))
+    at the first scrape and at the end of the window while the token counters (C(sglang:generation_tokens_total),
+    C(sglang:realtime_tokens_total)) did not grow is a hang, reported as
+    C(hung: 3 running, 5 queued, no token generated in 10 s). It passes at once on an idle engine, and as soon as
+    tokens are generated or the requests are gone. It runs before C(health), since a hung engine can keep
+    C(/health) waiting."
   - C(health) - C(/health) answers HTTP 200.
   - C(model) - C(/model_info) (C(/get_model_info) on older servers) and C(/v1/models) answer, and serve
     O(expected_model) when it is set. The speculative-decoding settings are read from C(/server_info).
   - C(generate) - a real streamed C(/generate) at temperature 0 with O(max_new_tokens) finishes within
     O(generate_timeout), with text that is not empty, not degenerate (one character or one short unit repeated,
-    one word repeated, or a distinct-word ratio below O(min_distinct_ratio)) and matches O(expect_regex) if set.
+    one word repeated, a loop of words over most of the text, or prose whose distinct-word ratio is below
+    O(min_distinct_ratio); tables, truth tables, code and JSON pass) and matches O(expect_regex) if set.
   - C(floors) (with O(min_tokens_per_s) or O(min_accept_length)) - the generation's decode throughput and the
     speculative accept length reported in its C(meta_info) reach the floors.
+  - C(soak) (with O(soak_requests)) - that many short generations (O(soak_max_new_tokens) tokens) one after
+    another, each within O(generate_timeout) and not empty or degenerate; it fails on the first that does not, with
+    its number (RV(soak.failed_request)), and reports each latency.
+  - An unhealthy result is also checked for GPU memory that only a reset or a reboot frees on the expected GPUs
+    (held by a zombie or by a PID that no longer exists, or used without any listed process above
+    O(unaccounted_threshold_mib), for 2 s) - RV(state) is then C(needs_gpu_reset) and RV(unreapable) has the
+    evidence.
   - With O(wait_timeout), probes again (every O(poll_interval) seconds at most) until every tier passes, and gives
     up at once when the unit is failed or inactive or has restarted since the wait began.
   - Optionally writes the result as a Prometheus textfile for node_exporter's textfile collector.
@@ -62,10 +77,11 @@ options:
     description:
       - The tiers to run; the others are reported C(skipped) with the reason C(not requested).
       - C(floors) needs C(generate).
+      - C(progress) needs O(progress_window) and C(soak) needs O(soak_requests); without them they are skipped.
     type: list
     elements: str
-    choices: [unit, gpu, health, model, generate, floors]
-    default: [unit, gpu, health, model, generate, floors]
+    choices: [unit, gpu, progress, health, model, generate, floors, soak]
+    default: [unit, gpu, progress, health, model, generate, floors, soak]
   timeout:
     description:
       - Seconds each HTTP request other than the generation may take.
@@ -92,8 +108,9 @@ options:
     type: str
   min_distinct_ratio:
     description:
-      - Generated text of 12 words or more whose distinct words make up less than this share of its words is
-        degenerate.
+      - Generated prose of 12 words or more (numbers left out) whose distinct words make up less than this share of
+        its last 100 words is degenerate. Structured text (tables, code, JSON, CSV; many symbol characters, or table
+        rows) is not judged by this ratio, since it repeats its keys, digits and keywords by nature.
     type: float
     default: 0.25
   expected_model:
@@ -110,7 +127,7 @@ options:
   expected_gpus:
     description:
       - The GPUs the server must hold memory on. A count (the unit must hold O(min_gpu_memory_mib) on at least that
-        many GPUs, whichever they are) or a list of GPU indices or UUIDs (each of them).
+        many GPUs, whichever they are) or a list of GPU indices, C(GPU-) UUIDs or C(MIG-) UUIDs (each of them).
       - Default is O(tp_size) as a count when set, else all GPUs.
     type: raw
   tp_size:
@@ -154,6 +171,36 @@ options:
         O(stability_window). At most 0.5.
     type: float
     default: 0.5
+  progress_window:
+    description:
+      - Turns the C(progress) tier on - the longest time, in seconds, that requests may be running or queued
+        without a token generated (see the description). Leave it unset to turn the tier off; 0 or less is refused.
+      - Needs the server's C(--enable-metrics). SGLang counts C(sglang:generation_tokens_total) when a request
+        finishes and C(sglang:realtime_tokens_total) at every step; on a server without the latter, make the window
+        longer than the longest request.
+    type: float
+  progress_require_metrics:
+    description:
+      - Fail the C(progress) tier when C(/metrics) answers 404 (the server runs without C(--enable-metrics)). By
+        default the tier is then skipped, with that reason.
+    type: bool
+    default: false
+  soak_requests:
+    description:
+      - Turns the C(soak) tier on with this many sequential short generations. C(0) is off; negative is refused.
+    type: int
+    default: 0
+  soak_max_new_tokens:
+    description:
+      - Tokens each soak generation asks for.
+    type: int
+    default: 8
+  unaccounted_threshold_mib:
+    description:
+      - On an unhealthy host, used memory on an expected GPU that no listed process accounts for counts as memory
+        only a reset frees above this many MiB (it covers the driver's own reservation).
+    type: int
+    default: 1024
   fail_on_unhealthy:
     description:
       - "Fail when a tier fails, with the one-line message C(sglang_probe: <tier> failed: <reason>) and the full
@@ -169,7 +216,16 @@ options:
     type: path
 notes:
   - SGLang's own C(/health) can keep answering 200 while generation hangs and while the GPUs hold no model;
-    this is why the C(gpu) and C(generate) tiers exist.
+    this is why the C(gpu), C(progress) and C(generate) tiers exist.
+  - A GPU whose NVML query fails for one field (C(Not Supported), C(Insufficient Permissions)) is still used; the
+    field is unknown and listed in RV(gpu_errors). Without its process list, all of its used memory counts.
+  - The progress tier reads SGLang 0.5.23's metric names from C(sglang/srt/observability/metrics_collector.py);
+    the request gauges are refreshed at each stats log and when the scheduler goes idle.
+  - "The degenerate-output check, on the labelled corpus of C(tests/unit/plugins/module_utils/degenerate_corpus.py)
+    (answers - prose, lists, truth tables, tables, code, JSON, YAML, CSV, other scripts; broken output - a
+    character, a word, a token or a phrase repeated, sentence loops, loops after a good start, word salad), flags
+    27 of its 27 degenerate outputs and 0 of its 36 normal ones. Confusion table - degenerate outputs (27) - 27
+    flagged, 0 passed; normal outputs (36) - 0 flagged, 36 passed."
   - Without O(unit), the C(gpu) tier counts all memory used on the GPUs, whoever holds it.
 seealso:
   - name: SGLang native API
@@ -178,6 +234,9 @@ seealso:
   - name: node_exporter textfile collector
     description: How node_exporter exposes C(*.prom) files.
     link: https://github.com/prometheus/node_exporter#textfile-collector
+  - name: SGLang production metrics
+    description: The C(/metrics) endpoint and C(--enable-metrics).
+    link: https://docs.sglang.ai/references/production_metrics.html
   - module: llmops.inference.nvidia_reap
 """
 
@@ -210,6 +269,20 @@ EXAMPLES = r"""
     bad: "{{ probes | dict2items | rejectattr('value.healthy') }}"
   run_once: true
 
+- name: Catch a hung engine - requests running or queued and no token generated for 10 s
+  llmops.inference.sglang_probe:
+    unit: sglang-qwen.service
+    progress_window: 10
+    fail_on_unhealthy: false
+  register: probe
+
+- name: After an unclean stop, twenty short generations in a row, each within 15 s
+  llmops.inference.sglang_probe:
+    unit: sglang-qwen.service
+    expected_gpus: ["MIG-5c4a2d61-9a3e-5b35-8d2f-1a9a6c1e2f00"]
+    soak_requests: 20
+    generate_timeout: 15
+
 - name: Floors for a speculative-decoding deployment
   llmops.inference.sglang_probe:
     unit: sglang-qwen.service
@@ -226,7 +299,9 @@ EXAMPLES = r"""
 
 RETURN = r"""
 msg:
-  description: "One line: C(sglang_probe: all tiers passed), or C(sglang_probe: <tier> failed: <reason>)."
+  description:
+    - "One line: C(sglang_probe: all tiers passed), or C(sglang_probe: <tier> failed: <reason>), followed by
+      C(; GPU <n> needs a reset or a reboot: <evidence>) when RV(state) is C(needs_gpu_reset)."
   returned: always
   type: str
   sample: "sglang_probe: generate failed: generation timed out: no response from /generate within 60.0 s"
@@ -235,6 +310,16 @@ healthy:
   returned: always
   type: bool
   sample: false
+state:
+  description:
+    - What the probe says about the host, most urgent first.
+    - C(needs_gpu_reset) - unhealthy, and GPU memory that only a reset or a reboot frees is held (RV(unreapable)).
+    - C(hung) - the C(progress) tier found requests running or queued and no token generated in the window.
+    - C(not_serving) - any other failed tier. C(serving) - healthy.
+  returned: always
+  type: str
+  choices: [serving, not_serving, hung, needs_gpu_reset]
+  sample: hung
 failed_tier:
   description: The first tier that failed, or null when healthy.
   returned: always
@@ -252,7 +337,7 @@ tiers:
   elements: dict
   contains:
     name:
-      description: The tier (C(unit), C(gpu), C(health), C(model), C(generate), C(floors)).
+      description: The tier (C(unit), C(gpu), C(progress), C(health), C(model), C(generate), C(floors), C(soak)).
       type: str
       sample: generate
     status:
@@ -283,10 +368,109 @@ active_state:
   type: str
   sample: active
 gpu_memory_mib:
-  description: MiB held on each GPU (by index) by the unit's processes, or used in all without O(unit).
+  description:
+    - MiB held on each GPU (by index; a MIG device by its UUID) by the unit's processes, or used in all without
+      O(unit).
   returned: when the C(gpu) tier listed the GPUs
   type: dict
   sample: {"0": 69324, "1": 69324}
+gpu_errors:
+  description: The NVML queries that failed, one entry per GPU and field; the field is unknown, the GPU still used.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    gpu:
+      description: The GPU's index (a MIG device's parent).
+      type: int
+    uuid:
+      description: The GPU's or MIG device's UUID.
+      type: str
+    field:
+      description: What could not be read (C(memory), C(processes), C(name), C(mig_mode), ...).
+      type: str
+      sample: processes
+    error:
+      description: NVML's error.
+      type: str
+      sample: Insufficient Permissions
+progress:
+  description: What the C(progress) tier saw; empty when it did not run.
+  returned: always
+  type: dict
+  contains:
+    window_s:
+      description: O(progress_window).
+      type: float
+      sample: 10
+    metrics:
+      description: Whether C(/metrics) answered (false when the server runs without C(--enable-metrics)).
+      type: bool
+    verdict:
+      description: C(idle), C(progressing), C(drained), C(hung) or C(reset) (the counters went backwards).
+      type: str
+      sample: hung
+    running:
+      description: Requests running at the last scrape.
+      type: int
+      sample: 3
+    queued:
+      description: Requests queued at the last scrape.
+      type: int
+      sample: 5
+    generated_tokens:
+      description: Growth of C(sglang:generation_tokens_total) (tokens of requests that finished) over the scrapes.
+      type: float
+      sample: 0
+    processed_tokens:
+      description: Growth of C(sglang:realtime_tokens_total) (tokens prefilled and decoded) over the scrapes.
+      type: float
+      sample: 0
+    observed_s:
+      description: Seconds between the first and the last scrape.
+      type: float
+      sample: 10.0
+soak:
+  description: What the C(soak) tier did; empty when it did not run.
+  returned: always
+  type: dict
+  contains:
+    requests:
+      description: O(soak_requests).
+      type: int
+      sample: 20
+    completed:
+      description: Generations that passed.
+      type: int
+      sample: 6
+    latencies_s:
+      description: The latency of each generation that passed, in order.
+      type: list
+      elements: float
+    failed_request:
+      description: The number (from 1) of the generation that failed, or null.
+      type: int
+      sample: 7
+unreapable:
+  description:
+    - On an unhealthy host, GPU memory on the expected GPUs that only a reset or a reboot frees, one entry per GPU
+      and holder, in the form of RV(llmops.inference.nvidia_reap#module:unreapable) (C(gpu), C(uuid), C(pid),
+      C(state), C(ppid), C(title), C(mib), C(evidence)).
+  returned: always
+  type: list
+  elements: dict
+reset_gpus:
+  description: Indices of the GPUs in RV(unreapable).
+  returned: always
+  type: list
+  elements: int
+  sample: [0]
+reset_message:
+  description: The sentence C(GPU <n> needs a reset or a reboot) with the evidence of RV(unreapable), or null.
+  returned: always
+  type: str
+  sample: >-
+    GPU 0 needs a reset or a reboot: pid 4121 'sglang::scheduler_TP0' is a zombie (state Z, parent 1) holding 44000 MiB
 model:
   description: What the server serves.
   returned: when the C(model) tier ran
@@ -429,6 +613,11 @@ SETTINGS_OPTIONS = (
     "stability_window",
     "wait_timeout",
     "poll_interval",
+    "progress_window",
+    "progress_require_metrics",
+    "soak_requests",
+    "soak_max_new_tokens",
+    "unaccounted_threshold_mib",
 )
 
 ARGUMENT_SPEC = dict(
@@ -451,6 +640,11 @@ ARGUMENT_SPEC = dict(
     stability_window=dict(type="float", default=0),
     wait_timeout=dict(type="float", default=0),
     poll_interval=dict(type="float", default=0.5),
+    progress_window=dict(type="float"),
+    progress_require_metrics=dict(type="bool", default=False),
+    soak_requests=dict(type="int", default=0),
+    soak_max_new_tokens=dict(type="int", default=8, no_log=False),
+    unaccounted_threshold_mib=dict(type="int", default=1024),
     fail_on_unhealthy=dict(type="bool", default=True),
     textfile_path=dict(type="path"),
 )
@@ -481,6 +675,8 @@ def main():
     if result["healthy"]:
         module.exit_json(msg="sglang_probe: all tiers passed", **result)
     message = f"sglang_probe: {result['failed_tier']} failed: {result['reason']}"
+    if result["reset_message"]:
+        message += f"; {result['reset_message']}"
     if params["fail_on_unhealthy"]:
         module.fail_json(msg=message, **result)
     module.exit_json(msg=message, **result)

@@ -7,6 +7,7 @@ plain `simgpu-claim` started with setsid outside every unit and selector.
 
 from __future__ import annotations
 
+import re
 import shlex
 
 import pytest
@@ -184,6 +185,8 @@ BAD_INPUTS = [
     ({"timeout": -5}, "timeout"),
     ({"match": "(sglang"}, "match"),
     ({"pids": [1]}, "pids"),
+    ({"kill_timeout": 0}, "kill_timeout"),
+    ({"unaccounted_threshold_mib": -1}, "unaccounted_threshold_mib"),
 ]
 
 
@@ -201,3 +204,97 @@ def test_bad_input_fails_naming_the_option_and_signals_nothing(clean_lab, bystan
     assert running["_status"].startswith("FAILED"), running
     assert running["msg"].startswith("unit: t-foreign.service is active"), running
     assert_bystanders_alive(lab, host, foreign, plain)
+
+
+# Memory nobody can free, MIG -----------------------------------------------------------------------
+
+LAB_FEATURE_ZOMBIE = "simulated GPU memory held by a zombie process (tests/lab/simgpu)"
+LAB_FEATURE_VANISHED = "simulated GPU memory held by a PID that no longer exists (tests/lab/simgpu)"
+LAB_FEATURE_MIG = "lab hosts with simulated MIG instances (tests/lab/simgpu, `tests/lab/lab up` with MIG)"
+
+# A parent that never reaps its child: the child claims GPU memory for itself and exits, a zombie.
+ZOMBIE_MAKER = """
+import os, subprocess, sys, time
+child = os.fork()
+if child == 0:
+    subprocess.run(["simgpu-claim", "--gpu", "0", "--mib", "20000", "--pid", str(os.getpid())], check=True)
+    os._exit(0)
+with open("/run/zombie.pid", "w") as out:
+    out.write(str(child))
+time.sleep(600)
+"""
+
+
+def listed_holders(lab, host) -> list:
+    return [
+        int(pid) for pid in sh(lab, host, "nvidia-smi --query-compute-apps=pid --format=csv,noheader,nounits").split()
+    ]
+
+
+def test_a_zombie_holding_memory_fails_the_reap_fast_with_the_evidence(clean_lab, bystanders):
+    lab = clean_lab
+    host, foreign, plain = bystanders
+    maker = shlex.quote(ZOMBIE_MAKER)
+    sh(lab, host, f"rm -f /run/zombie.pid; setsid python3 -c {maker} </dev/null >/dev/null 2>&1 &")
+    zombie = int(sh(lab, host, "until [ -s /run/zombie.pid ]; do sleep 0.05; done; cat /run/zombie.pid"))
+    sh(lab, host, f"until grep -q '^[^)]*) Z' /proc/{zombie}/stat; do sleep 0.05; done", timeout=30)
+    parent = int(sh(lab, host, f"awk '{{print $4}}' /proc/{zombie}/stat"))
+    if zombie not in listed_holders(lab, host):
+        lab.exec(host, f"kill -KILL {parent}")
+        pytest.skip(f"needs {LAB_FEATURE_ZOMBIE}")
+    args = {"match": "^sglang::", "orphans_only": True, "gpus": ["0"], "grace": 1, "kill_timeout": 2, "timeout": 30}
+
+    preview = lab.module(host, MODULE, args, check=True)
+    assert preview["_rc"] == 0, "check mode reports what looks unreapable without failing"
+    assert [(entry["pid"], entry["state"]) for entry in preview["unreapable"]] == [(zombie, "Z")]
+
+    result = lab.module(host, MODULE, args)
+    assert result["_status"].startswith("FAILED"), result
+    assert result["msg"].startswith(f"GPU 0 needs a reset or a reboot: pid {zombie} "), result["msg"]
+    assert f"is a zombie (state Z, parent {parent}) holding 20000 MiB" in result["msg"]
+    assert result["reset_gpus"] == [0]
+    assert result["elapsed_s"] <= 2 + 1.5, "fails after kill_timeout, not after timeout"
+    assert alive(lab, host, parent), "the zombie's parent is not signalled"
+    assert_bystanders_alive(lab, host, foreign, plain)
+    lab.exec(host, f"kill -KILL {parent}")
+
+
+def test_memory_of_a_pid_that_no_longer_exists_is_unreapable(clean_lab, bystanders):
+    lab = clean_lab
+    host, foreign, plain = bystanders
+    gone = int(sh(lab, host, "sh -c 'echo $$'"))
+    sh(lab, host, f"echo 30000 > /var/lib/simgpu/claims/gpu1.pid{gone}")
+    if gone not in listed_holders(lab, host):
+        pytest.skip(f"needs {LAB_FEATURE_VANISHED}")
+    args = {"match": "^sglang::", "orphans_only": True, "gpus": ["1"], "kill_timeout": 2}
+    result = lab.module(host, MODULE, args, extra_vars={"ansible_python_interpreter": VENV_PYTHON})
+    assert result["_status"].startswith("FAILED"), result
+    assert result["msg"].startswith(
+        f"GPU 1 needs a reset or a reboot: pid {gone} no longer exists, yet the driver lists it holding 30000 MiB"
+    ), result["msg"]
+    entry = next(entry for entry in result["unreapable"] if entry["pid"] == gone)
+    assert (entry["gpu"], entry["state"], entry["mib"]) == (1, None, 30000)
+    reported = lab.module(host, MODULE, {**args, "fail_on_unreapable": False})
+    assert reported["_rc"] == 0 and reported["reset_gpus"] == [1], reported
+    assert_bystanders_alive(lab, host, foreign, plain)
+
+
+def test_a_mig_device_resolves_by_its_uuid(clean_lab):
+    lab = clean_lab
+    host = lab.hosts[0]
+    listing = sh(lab, host, "nvidia-smi -L")
+    migs = re.findall(r"\(UUID: (MIG-[^)]+)\)", listing)
+    if not migs:
+        pytest.skip(f"needs {LAB_FEATURE_MIG}")
+    venv = {"ansible_python_interpreter": VENV_PYTHON}
+    result = lab.module(host, MODULE, {"orphans_only": True, "gpus": [migs[0]]}, check=True, extra_vars=venv)
+    assert result["_rc"] == 0, result
+    (device,) = result["gpus_before"]
+    assert device["uuid"] == migs[0] and device["parent_uuid"].startswith("GPU-"), device
+    probed = lab.module(
+        host,
+        "llmops.inference.sglang_probe",
+        {"tiers": ["gpu"], "expected_gpus": [migs[0]], "min_gpu_memory_mib": 0},
+        extra_vars=venv,
+    )
+    assert probed["healthy"] is True and migs[0] in probed["gpu_memory_mib"], probed

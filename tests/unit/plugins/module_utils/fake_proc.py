@@ -117,7 +117,9 @@ class FakeKernel:
 class FakeGpus:
     """GPUs whose memory is claimed per PID, counted while the PID is alive (like the driver).
 
-    ``release_lag`` keeps a dead PID's claim for that many seconds after it died.
+    ``release_lag`` keeps a dead PID's claim for that many seconds after it died. Claims of ``stuck`` PIDs count
+    whatever their state, also when the PID is gone (a holder stuck in the driver), and ``unlisted`` MiB per GPU
+    are used without any process listed for them.
     """
 
     def __init__(self, proc: FakeProc, kernel: FakeKernel, count: int = 2, total_mib: int = 81559):
@@ -129,11 +131,15 @@ class FakeGpus:
         self.release_lag = 0.0
         self.backend = "nvml"
         self.queries = 0
+        self.stuck = set()
+        self.unlisted = {}
 
     def claim(self, pid: int, gpu: int, mib: int | None) -> None:
         self.claims[(pid, gpu)] = mib
 
     def _counts(self, pid: int) -> bool:
+        if pid in self.stuck:
+            return True
         if self.proc.exists(pid):
             return self.proc.state(pid) not in ("Z", "X")
         died = self.kernel.died_at.get(pid)
@@ -148,7 +154,7 @@ class FakeGpus:
                 for (pid, gpu), mib in sorted(self.claims.items())
                 if gpu == index and self._counts(pid)
             ]
-            used = 1 + sum(p.used_mib or 0 for p in processes)
+            used = 1 + sum(p.used_mib or 0 for p in processes) + self.unlisted.get(index, 0)
             uuid = f"GPU-00000000-0000-4000-8000-00000000000{index}"
             gpus.append(Gpu(index, uuid, "NVIDIA H100 80GB HBM3", self.total_mib, used, processes))
         return self.backend, gpus

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
+from degenerate_corpus import DEGENERATE, NORMAL
 
-from ansible_collections.llmops.inference.plugins.module_utils.degenerate import degenerate_reason
+from ansible_collections.llmops.inference.plugins.module_utils.degenerate import degenerate_reason, is_structured
+from ansible_collections.llmops.inference.plugins.modules import sglang_probe
 
 
 @pytest.mark.parametrize(
@@ -24,7 +27,11 @@ from ansible_collections.llmops.inference.plugins.module_utils.degenerate import
         ),
         (
             "I am a model and I am a model and I am a model and I am a model and I am a model, yes",
-            "'I am a model and I a'... (6 distinct of 25 words, ratio 0.24 < 0.25)",
+            "'I am a model and I a'... ('i am a model and' repeated 4 times)",
+        ),
+        (
+            "the of the and of the the and of and the of the and the of a the of and the",
+            "'the of the and of th'... (4 distinct of 21 words, ratio 0.19 < 0.25)",
         ),
     ],
 )
@@ -62,10 +69,58 @@ def test_long_ordinary_text_is_not_flagged_but_a_loop_at_its_end_is():
     long_text = " ".join(rng.choices(vocabulary, k=2000))
     assert degenerate_reason(long_text) is None
     looping = long_text + " and then it goes on and on" * 20
-    assert degenerate_reason(looping).endswith("(5 distinct of the last 100 words, ratio 0.05 < 0.25)")
+    assert degenerate_reason(looping).endswith("('and then it goes on and on' repeated 20 times)")
 
 
 def test_distinct_ratio_threshold_is_configurable():
-    text = "one two three one two three one two three one two three"
+    text = "one two three two one three one two three three two one"
     assert degenerate_reason(text, min_distinct_ratio=0.2) is None
     assert degenerate_reason(text, min_distinct_ratio=0.3).endswith("(3 distinct of 12 words, ratio 0.25 < 0.3)")
+
+
+# The labelled corpus ----------------------------------------------------------------------------------
+
+TABLE_ROW = re.compile(r"(degenerate|normal) outputs \((\d+)\) - (\d+) flagged, (\d+) passed")
+
+
+def confusion() -> dict:
+    """{true class: (count, flagged, passed)} of the check over the corpus."""
+    table = {}
+    for name, corpus in (("degenerate", DEGENERATE), ("normal", NORMAL)):
+        flagged = sum(1 for _label, text in corpus if degenerate_reason(text))
+        table[name] = (len(corpus), flagged, len(corpus) - flagged)
+    return table
+
+
+def test_corpus_is_large_and_labelled_both_ways():
+    assert len(NORMAL) >= 30 and len(DEGENERATE) >= 25
+    assert len({label for label, _text in NORMAL + DEGENERATE}) == len(NORMAL) + len(DEGENERATE)
+
+
+@pytest.mark.parametrize(("label", "text"), NORMAL, ids=[label for label, _text in NORMAL])
+def test_normal_outputs_of_the_corpus_pass(label, text):
+    assert degenerate_reason(text) is None
+
+
+@pytest.mark.parametrize(("label", "text"), DEGENERATE, ids=[label for label, _text in DEGENERATE])
+def test_degenerate_outputs_of_the_corpus_are_flagged(label, text):
+    assert degenerate_reason(text), label
+
+
+def test_structured_answers_are_not_judged_by_their_distinct_word_ratio():
+    for label in ("3-input truth table", "4-input truth table, plain", "JSON records, repeated values"):
+        text = dict(NORMAL)[label]
+        assert is_structured(text), label
+        assert degenerate_reason(text, min_distinct_ratio=0.99) is None, label
+
+
+def test_the_documented_confusion_table_is_the_computed_one():
+    notes = " ".join(sglang_probe.DOCUMENTATION.split())
+    documented = {name: tuple(int(n) for n in numbers) for name, *numbers in TABLE_ROW.findall(notes)}
+    assert documented == confusion()
+    degenerate, normal = confusion()["degenerate"], confusion()["normal"]
+    sentence = (
+        f"flags {degenerate[1]} of its {degenerate[0]} degenerate outputs "
+        f"and {normal[1]} of its {normal[0]} normal ones"
+    )
+    assert sentence in notes

@@ -3,9 +3,11 @@ from __future__ import annotations
 import types
 
 import pytest
+from fake_nvml import MIG_A, MIG_B, NO_PERMISSION, NOT_SUPPORTED, Device, FakeNvml, mig_host
 from fake_proc import FakeProc
 
 from ansible_collections.llmops.inference.plugins.module_utils import gpu
+from ansible_collections.llmops.inference.plugins.module_utils.procs import read_process
 
 MIB = 1024 * 1024
 
@@ -78,6 +80,7 @@ def test_auto_falls_back_to_nvidia_smi_when_nvml_fails():
     answers = {
         gpu.SMI_GPU_QUERY[0]: "0, GPU-aaaa, NVIDIA H100 80GB HBM3, 44901, 81559\n",
         gpu.SMI_APPS_QUERY[0]: "321, GPU-aaaa, 44900\n",
+        "-L": "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-aaaa)\n",
     }
     backend, gpus = gpu.query_gpus("auto", run_command=lambda args: (0, answers[args[1]], ""), nvml=nvml)
     assert backend == "nvidia-smi"
@@ -115,7 +118,7 @@ SMI_APPS = """321, GPU-aaaa, 44900
 
 
 def test_nvidia_smi_parsing_with_missing_values_and_commas_in_names():
-    answers = {gpu.SMI_GPU_QUERY[0]: SMI_GPUS, gpu.SMI_APPS_QUERY[0]: SMI_APPS}
+    answers = {gpu.SMI_GPU_QUERY[0]: SMI_GPUS, gpu.SMI_APPS_QUERY[0]: SMI_APPS, "-L": ""}
     calls = []
 
     def run(args):
@@ -171,3 +174,167 @@ def test_device_holders_finds_open_nvidia_devices(tmp_path):
     (fake.root / "13").mkdir()  # a process whose fd table is unreadable
     assert gpu.device_holders(str(fake.root)) == {10: ["/dev/nvidia0", "/dev/nvidiactl"], 12: ["/dev/nvidia-uvm"]}
     assert gpu.device_holders(str(tmp_path / "absent")) == {}
+
+
+# MIG devices and per-call NVML errors ----------------------------------------------------------------
+
+
+def test_nvml_lists_the_mig_devices_of_a_gpu_in_mig_mode():
+    nvml = FakeNvml(mig_host())
+    backend, gpus = gpu.query_gpus("nvml", nvml=nvml)
+    assert backend == "nvml"
+    assert [(g.index, g.uuid, g.mig_index, g.parent_uuid) for g in gpus] == [
+        (0, "GPU-aaaa", None, None),
+        (0, MIG_A, 0, "GPU-aaaa"),
+        (0, MIG_B, 2, "GPU-aaaa"),
+        (1, "GPU-bbbb", None, None),
+    ]
+    whole, mig_a, mig_b, _other = gpus
+    assert whole.mig_enabled and not whole.is_mig and not whole.can_run
+    assert mig_a.is_mig and mig_a.can_run
+    assert (mig_a.total_mib, mig_a.used_mib, mig_a.name) == (40192, 30013, "NVIDIA H100 80GB HBM3 MIG 3g.40gb")
+    assert [p.as_dict() for p in mig_a.processes] == [{"pid": 4242, "used_mib": 30000}]
+    assert (mig_a.gpu_instance_id, mig_a.compute_instance_id) == (1, 0)
+    assert mig_b.processes == [] and mig_b.used_mib == 13
+    assert mig_a.display == "GPU 0 MIG device 0" and whole.display == "GPU 0"
+    assert mig_a.as_dict()["parent_uuid"] == "GPU-aaaa"
+    assert all(g.errors == [] for g in gpus)
+    assert nvml.calls == ["init", "shutdown"]
+
+
+def test_a_mig_uuid_selects_that_mig_device_with_its_own_memory():
+    _backend, gpus = gpu.query_gpus("nvml", nvml=FakeNvml(mig_host()))
+    (chosen,) = gpu.select_gpus(gpus, [MIG_B.lower()])
+    assert (chosen.uuid, chosen.used_mib, chosen.parent_uuid, chosen.index) == (MIG_B, 13, "GPU-aaaa", 0)
+    assert [g.uuid for g in gpu.select_gpus(gpus, [MIG_A, "1"])] == [MIG_A, "GPU-bbbb"]
+    assert [g.uuid for g in gpu.select_gpus(gpus, ["0"])] == ["GPU-aaaa"], "an index names the whole GPU"
+    assert [g.uuid for g in gpu.select_gpus(gpus, None)] == ["GPU-aaaa", "GPU-bbbb"], "all GPUs means whole GPUs"
+    assert [g.uuid for g in gpu.select_gpus(gpus, ["MIG-GPU-aaaa/9/0"])] == [MIG_B], "the pre-R470 MIG name"
+    with pytest.raises(ValueError, match=r"known GPUs: 0 \(GPU-aaaa\), 0 MIG 0 \(MIG-5c4a.*\), 1 \(GPU-bbbb\)"):
+        gpu.select_gpus(gpus, ["MIG-0000"])
+
+
+def test_unsupported_memory_info_degrades_that_field_not_the_whole_answer():
+    devices = [
+        Device("NVIDIA A10", "GPU-aaaa", 23028, 500, [(10, 400)], fail={"memory": NOT_SUPPORTED}),
+        Device("NVIDIA A10", "GPU-bbbb", 23028, 700, [(11, 600)], fail={"processes": NO_PERMISSION}),
+        Device("NVIDIA A10", "GPU-cccc", 23028, 2, fail={"name": NOT_SUPPORTED}),
+    ]
+
+    def smi_must_not_run(args):
+        raise AssertionError(f"fell back to nvidia-smi: {args}")
+
+    backend, gpus = gpu.query_gpus("auto", run_command=smi_must_not_run, nvml=FakeNvml(devices))
+    assert backend == "nvml"
+    first, second, third = gpus
+    assert (first.total_mib, first.used_mib, first.free_mib) == (None, None, None)
+    assert first.errors == [{"field": "memory", "error": "Not Supported"}]
+    assert [p.pid for p in first.processes] == [10] and first.processes_known
+    assert (second.used_mib, second.processes, second.processes_known) == (700, [], False)
+    assert second.errors == [{"field": "processes", "error": "Insufficient Permissions"}]
+    assert (third.name, third.errors) == ("unknown", [{"field": "name", "error": "Not Supported"}])
+    assert second.as_dict()["errors"] == [{"field": "processes", "error": "Insufficient Permissions"}]
+
+
+def test_an_error_in_a_mig_query_is_kept_on_the_parent():
+    host = mig_host()
+    host[0].fail = {"mig_count": NO_PERMISSION}
+    host[1].fail = {"mig_mode": NO_PERMISSION}
+    _backend, gpus = gpu.query_gpus("nvml", nvml=FakeNvml(host))
+    assert [g.uuid for g in gpus] == ["GPU-aaaa", "GPU-bbbb"]
+    assert gpus[0].errors == [{"field": "mig_devices", "error": "Insufficient Permissions"}]
+    assert gpus[1].errors == [{"field": "mig_mode", "error": "Insufficient Permissions"}]
+
+
+def test_a_failed_device_count_still_falls_back_to_nvidia_smi():
+    answers = {
+        gpu.SMI_GPU_QUERY[0]: "0, GPU-aaaa, NVIDIA H100 80GB HBM3, 1, 81559\n",
+        gpu.SMI_APPS_QUERY[0]: "",
+        "-L": "",
+    }
+    backend, gpus = gpu.query_gpus(
+        "auto", run_command=lambda args: (0, answers[args[1]], ""), nvml=FakeNvml([], count_error=NO_PERMISSION)
+    )
+    assert (backend, [g.uuid for g in gpus]) == ("nvidia-smi", ["GPU-aaaa"])
+
+
+SMI_LIST_MIG = """GPU 0: NVIDIA A100-SXM4-80GB (UUID: GPU-aaaa)
+  MIG 3g.40gb     Device  0: (UUID: MIG-c6d4f1ef-42e4-5de3-91c7-45d71c87eb3f)
+  MIG 1g.10gb     Device  1: (UUID: MIG-GPU-aaaa/9/0)
+GPU 1: NVIDIA A100-SXM4-80GB (UUID: GPU-bbbb)
+"""
+
+
+def test_nvidia_smi_lists_mig_devices_from_dash_l_with_unknown_memory():
+    answers = {
+        gpu.SMI_GPU_QUERY[0]: (
+            "0, GPU-aaaa, NVIDIA A100-SXM4-80GB, 30026, 81920\n1, GPU-bbbb, NVIDIA A100-SXM4-80GB, 1, 81920\n"
+        ),
+        gpu.SMI_APPS_QUERY[0]: "4242, GPU-aaaa, [N/A]\n",
+        "-L": SMI_LIST_MIG,
+    }
+    backend, gpus = gpu.query_gpus("nvidia-smi", run_command=lambda args: (0, answers[args[1]], ""))
+    assert backend == "nvidia-smi"
+    assert [(g.uuid, g.mig_index, g.parent_uuid) for g in gpus] == [
+        ("GPU-aaaa", None, None),
+        ("MIG-c6d4f1ef-42e4-5de3-91c7-45d71c87eb3f", 0, "GPU-aaaa"),
+        ("MIG-GPU-aaaa/9/0", 1, "GPU-aaaa"),
+        ("GPU-bbbb", None, None),
+    ]
+    whole, mig = gpus[0], gpus[1]
+    assert whole.mig_enabled and [p.pid for p in whole.processes] == [4242]
+    assert (mig.name, mig.used_mib, mig.processes_known) == ("NVIDIA A100-SXM4-80GB MIG 3g.40gb", None, False)
+    assert [error["field"] for error in mig.errors] == ["memory", "processes"]
+    assert (gpus[2].gpu_instance_id, gpus[2].compute_instance_id) == (9, 0)
+    (chosen,) = gpu.select_gpus(gpus, ["mig-c6d4f1ef-42e4-5de3-91c7-45d71c87eb3f"])
+    assert chosen is mig
+
+
+def test_memory_without_a_live_holder_is_found_with_its_evidence(tmp_path):
+    fake = FakeProc(tmp_path / "proc")
+    fake.add(10, argv=["sglang::scheduler_TP0"], ppid=7)
+    fake.add(11, argv=["sglang::scheduler_TP1"], ppid=7, state="Z")
+    fake.add(12, argv=["sglang::scheduler_TP2"], state="D")
+    gpus = [
+        gpu.Gpu(0, "GPU-a", "H100", 81559, 40001, [gpu.GpuProcess(10, 40000)]),
+        gpu.Gpu(1, "GPU-b", "H100", 81559, 80001, [gpu.GpuProcess(11, 40000), gpu.GpuProcess(13, 30000)]),
+        gpu.Gpu(2, "GPU-c", "H100", 81559, 50001, [gpu.GpuProcess(12, 20000)]),
+        gpu.Gpu(3, "GPU-d", "H100", 81559, 9000, [], processes_known=False),
+    ]
+    found = gpu.memory_without_live_holder(gpus, lambda pid: read_process(pid, str(fake.root)), threshold_mib=1024)
+    assert [(e["gpu"], e["pid"], e["state"], e["ppid"], e["mib"]) for e in found] == [
+        (1, 11, "Z", 7, 40000),
+        (1, 13, None, None, 30000),
+        (1, None, None, None, 10001),
+        (2, None, None, None, 30001),
+    ], "a D-state holder is alive (only SIGKILL shows it is stuck); an unknown process list proves nothing"
+    assert found[0]["evidence"] == "pid 11 'sglang::scheduler_TP1' is a zombie (state Z, parent 7) holding 40000 MiB"
+    assert found[1]["evidence"] == "pid 13 no longer exists, yet the driver lists it holding 30000 MiB"
+    assert found[3]["evidence"] == "30001 MiB used that no listed process holds (more than 1024 MiB)"
+    assert gpu.reset_message(found) == (
+        "GPU 1 needs a reset or a reboot: " + ", ".join(e["evidence"] for e in found[:3]) + "; "
+        "GPU 2 needs a reset or a reboot: " + found[3]["evidence"]
+    )
+
+
+def test_memory_without_a_live_holder_on_mig_devices_names_the_device():
+    _backend, gpus = gpu.query_gpus("nvml", nvml=FakeNvml(mig_host()))
+    found = gpu.memory_without_live_holder(gpus, lambda pid: None, threshold_mib=1024)
+    assert [(e["gpu"], e["uuid"], e["pid"]) for e in found] == [(0, "GPU-aaaa", 4242), (0, MIG_A, 4242)]
+    assert found[1]["evidence"].endswith(f"holding 30000 MiB on MIG device 0 ({MIG_A})")
+    assert gpu.memory_without_live_holder(gpus, lambda pid: types.SimpleNamespace(is_alive=True), 1024) == []
+
+
+def test_nvidia_smi_lists_mig_devices_once_per_runner():
+    answers = {gpu.SMI_GPU_QUERY[0]: "0, GPU-aaaa, NVIDIA A100-SXM4-80GB, 1, 81920\n", gpu.SMI_APPS_QUERY[0]: ""}
+    answers["-L"] = SMI_LIST_MIG
+    calls = []
+
+    def run(args):
+        calls.append(args[1])
+        return 0, answers[args[1]], ""
+
+    for _ in range(3):
+        _backend, gpus = gpu.query_gpus("nvidia-smi", run_command=run)
+        assert [g.uuid for g in gpus][:2] == ["GPU-aaaa", "MIG-c6d4f1ef-42e4-5de3-91c7-45d71c87eb3f"]
+    assert calls.count("-L") == 1 and len(calls) == 1 + 3 * 2, "memory polls cost two nvidia-smi runs each"

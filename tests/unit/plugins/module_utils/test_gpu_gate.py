@@ -7,10 +7,11 @@ import io
 import threading
 
 import pytest
+from fake_nvml import MIG_A, MIG_B, NO_PERMISSION, NOT_SUPPORTED, Device, FakeNvml, mig_host
 from fake_proc import FakeClock, FakeGpus, FakeKernel, FakeProc
 
 from ansible_collections.llmops.inference.plugins.module_utils import gpu_gate
-from ansible_collections.llmops.inference.plugins.module_utils.gpu import GpuQueryError
+from ansible_collections.llmops.inference.plugins.module_utils.gpu import GpuQueryError, query_gpus
 
 
 @pytest.fixture
@@ -238,3 +239,40 @@ def test_http_status_against_a_local_server():
         server.shutdown()
         server.server_close()
     assert "refused" in gpu_gate.health_status(base + "/health").lower()
+
+
+def nvml_query(host):
+    return lambda backend="auto": query_gpus("nvml", nvml=FakeNvml(host))
+
+
+def test_a_mig_device_is_gated_on_its_own_memory(tmp_path):
+    clock = FakeClock()
+    fake = FakeProc(tmp_path / "proc")
+    fake.add(4242, argv=("sglang::scheduler_TP0",))
+
+    def gate(selectors):
+        return gpu_gate.check_gpus_free(
+            selectors, 1024, unit="u", query=nvml_query(mig_host()), proc_root=str(fake.root), clock=clock
+        )
+
+    assert gate([MIG_B]) == (True, "GPUs free for u (at most 1024 MiB used each): GPU 0 MIG device 2 13 MiB")
+    passed, message = gate([MIG_A])
+    assert not passed
+    assert message.splitlines()[1] == (
+        f"GPU 0 MIG device 0 ({MIG_A}) uses 30013 MiB: pid 4242 'sglang::scheduler_TP0' 30000 MiB"
+    )
+
+
+def test_refusal_marks_zombies_and_unknown_fields(tmp_path):
+    fake = FakeProc(tmp_path / "proc")
+    fake.add(50, argv=("sglang::scheduler",), ppid=49, state="Z")
+    host = [Device("A10", "GPU-a", 23028, 20001, [(50, 20000)]), Device("A10", "GPU-b", 23028, 9000)]
+    host[1].fail = {"memory": NOT_SUPPORTED, "processes": NO_PERMISSION}
+    passed, message = gpu_gate.check_gpus_free(
+        ["0", "1"], 1024, unit="u", query=nvml_query(host), proc_root=str(fake.root)
+    )
+    assert not passed
+    assert message.splitlines()[1:] == [
+        "GPU 0 (GPU-a) uses 20001 MiB: pid 50 'sglang::scheduler' 20000 MiB (zombie, parent 49: memory still held)",
+        "GPU 1 (GPU-b) uses unknown memory (Not Supported): process list unavailable (Insufficient Permissions)",
+    ]

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import re
 import time
+from types import SimpleNamespace
 
 import pytest
+from fake_nvml import MIG_A, MIG_B, NO_PERMISSION, Device, FakeNvml, mig_host
+from fake_proc import FakeClock
 from fake_sglang_server import (
     FakeSglang,
     ReadyAt,
@@ -20,8 +23,8 @@ from fake_sglang_server import (
     stream_route,
 )
 
-from ansible_collections.llmops.inference.plugins.module_utils.gpu import Gpu, GpuProcess, GpuQueryError
-from ansible_collections.llmops.inference.plugins.module_utils.probe import SglangProbe
+from ansible_collections.llmops.inference.plugins.module_utils.gpu import Gpu, GpuProcess, GpuQueryError, query_gpus
+from ansible_collections.llmops.inference.plugins.module_utils.probe import SglangProbe, request_count
 from ansible_collections.llmops.inference.plugins.module_utils.probe_report import EARLIER_FAILED
 from ansible_collections.llmops.inference.plugins.module_utils.probe_settings import ProbeSettings
 from ansible_collections.llmops.inference.plugins.module_utils.sglang import SglangClient
@@ -76,14 +79,32 @@ def server():
     fake.stop()
 
 
-def make_probe(server, unit=UNIT, unit_reader=None, gpus=None, gpu_reader=None, **options):
+class Processes:
+    """A process reader: every PID is a live process, unless listed as a zombie or gone."""
+
+    def __init__(self, zombies=(), gone=()):
+        self.zombies, self.gone = set(zombies), set(gone)
+
+    def __call__(self, pid):
+        if pid in self.gone:
+            return None
+        state = "Z" if pid in self.zombies else "S"
+        return SimpleNamespace(pid=pid, state=state, ppid=1234, title="sglang::scheduler", is_alive=state != "Z")
+
+
+def make_probe(
+    server, unit=UNIT, unit_reader=None, gpus=None, gpu_reader=None, processes=None, clock=None, pids=None, **options
+):
     settings = ProbeSettings(url=server.url, unit=unit, **options).validate()
+    timing = {"clock": clock, "sleep": clock.sleep} if clock is not None else {}
     return SglangProbe(
         settings,
         SglangClient(settings.url, timeout=settings.timeout),
         unit_reader=unit_reader or UnitScript(),
-        unit_pids=lambda name: [1234, *SCHEDULERS],
+        unit_pids=lambda name: pids or [1234, *SCHEDULERS],
         gpu_reader=gpu_reader or (lambda: loaded_gpus() if gpus is None else gpus),
+        process_reader=processes or Processes(),
+        **timing,
     )
 
 
@@ -111,7 +132,20 @@ def test_healthy_server_passes_every_tier(server):
     server.routes = healthy_routes(meta_info={"spec_accept_length": 2.4})
     result = make_probe(server, min_tokens_per_s=1, min_accept_length=1.5, expected_model="Qwen/Qwen3-8B").run()
     assert result["healthy"] is True, result
-    assert [tier["status"] for tier in result["tiers"]] == ["ok"] * 6
+    assert [(tier["name"], tier["status"]) for tier in result["tiers"]] == [
+        ("unit", "ok"),
+        ("gpu", "ok"),
+        ("progress", "skipped"),
+        ("health", "ok"),
+        ("model", "ok"),
+        ("generate", "ok"),
+        ("floors", "ok"),
+        ("soak", "skipped"),
+    ]
+    assert tiers(result)["progress"] == ("skipped", "no progress_window set")
+    assert tiers(result)["soak"] == ("skipped", "no soak_requests set")
+    assert result["state"] == "serving"
+    assert (result["progress"], result["soak"], result["unreapable"], result["reset_gpus"]) == ({}, {}, [], [])
     assert (result["failed_tier"], result["reason"]) == (None, None)
     assert (result["main_pid"], result["n_restarts"], result["active_state"]) == (1234, 0, "active")
     assert result["gpu_memory_mib"] == {"0": 69000, "1": 69000}
@@ -131,12 +165,15 @@ def test_tiers_not_requested_are_skipped_and_floors_without_floors_too(server):
     assert tiers(result) == {
         "unit": ("skipped", "not requested"),
         "gpu": ("skipped", "not requested"),
+        "progress": ("skipped", "not requested"),
         "health": ("ok", "HTTP 200"),
         "model": ("skipped", "not requested"),
         "generate": tiers(result)["generate"],
         "floors": ("skipped", "not requested"),
+        "soak": ("skipped", "not requested"),
     }
-    assert make_probe(server, unit=None, tiers=["health", "floors"], min_tokens_per_s=1).run()["tiers"][5] == {
+    floors = make_probe(server, unit=None, tiers=["health", "floors"], min_tokens_per_s=1).run()["tiers"]
+    assert next(tier for tier in floors if tier["name"] == "floors") == {
         "name": "floors",
         "status": "skipped",
         "reason": "floors need the generate tier",
@@ -426,3 +463,309 @@ def test_generation_hang_in_wait_mode_ends_with_the_wait(server):
     result = make_probe(server, wait_timeout=0.8, generate_timeout=0.3).run()
     assert_failed(result, "generate", pattern="timed out")
     assert time.monotonic() - started < 1.8
+
+
+# progress -------------------------------------------------------------------------------------------
+
+LABELS = 'model_name="Qwen/Qwen3-8B",engine_type="unified",tp_rank="0",pp_rank="0",moe_ep_rank="0"'
+
+
+def metrics_text(running=0, queued=0, generated=None, processed=None) -> str:
+    """/metrics as SGLang 0.5.23 writes it (prometheus_client, the scheduler's labels)."""
+    lines = [
+        "# HELP sglang:num_running_reqs The number of running requests.",
+        "# TYPE sglang:num_running_reqs gauge",
+        f"sglang:num_running_reqs{{{LABELS}}} {float(running)}",
+        "# HELP sglang:num_queue_reqs The number of requests in the waiting queue.",
+        "# TYPE sglang:num_queue_reqs gauge",
+        f"sglang:num_queue_reqs{{{LABELS}}} {float(queued)}",
+        f"sglang:gen_throughput{{{LABELS}}} 0.0",
+    ]
+    if generated is not None:
+        lines += [
+            "# TYPE sglang:generation_tokens_total counter",
+            f'sglang:generation_tokens_total{{is_streaming="true",{LABELS}}} {float(generated)}',
+            f'sglang:generation_tokens_created{{is_streaming="true",{LABELS}}} 1.7e9',
+        ]
+    if processed is not None:
+        lines.append(f'sglang:realtime_tokens_total{{mode="decode",{LABELS}}} {float(processed)}')
+    return "\n".join(lines) + "\n"
+
+
+class MetricsScript:
+    """A /metrics route answering the given texts in turn, then the last one for ever."""
+
+    def __init__(self, *texts):
+        self.texts = texts
+        self.calls = 0
+
+    def __call__(self, request):
+        text = self.texts[min(self.calls, len(self.texts) - 1)]
+        self.calls += 1
+        return json_route(text) if isinstance(text, str) else text
+
+
+def progress_probe(server, *texts, clock=None, **options):
+    script = MetricsScript(*texts)
+    server.routes["/metrics"] = callable_route(script)
+    return make_probe(server, clock=clock or FakeClock(), progress_window=10, **options), script
+
+
+def test_progress_tier_fails_a_hung_engine_with_the_counts_and_the_window(server):
+    probe, script = progress_probe(server, metrics_text(running=3, queued=5, generated=480, processed=9000))
+    result = probe.run()
+    assert_failed(result, "progress", "hung: 3 running, 5 queued, no token generated in 10 s")
+    assert result["state"] == "hung"
+    assert result["progress"] == {
+        "window_s": 10,
+        "metrics": True,
+        "verdict": "hung",
+        "running": 3,
+        "queued": 5,
+        "generated_tokens": 0.0,
+        "processed_tokens": 0.0,
+        "observed_s": 10.0,
+    }
+    assert "/health" not in server.paths() and "/generate" not in server.paths(), "a hung engine is not asked more"
+    assert script.calls == 1 + 20, "one scrape, then one every 0.5 s of the window"
+
+
+def test_progress_tier_detects_a_hang_within_the_window_plus_a_fraction_of_a_second(server):
+    server.routes["/metrics"] = json_route(metrics_text(running=2, queued=1, generated=10))
+    probe = make_probe(server, tiers=["progress"], progress_window=0.6)
+    started = time.monotonic()
+    result = probe.run()
+    took = time.monotonic() - started
+    assert result["failed_tier"] == "progress"
+    assert 0.6 <= took <= 0.6 + 0.3, f"the progress tier took {took:.3f} s for a 0.6 s window"
+
+
+def test_progress_tier_passes_as_soon_as_tokens_are_generated(server):
+    probe, script = progress_probe(
+        server,
+        metrics_text(running=3, queued=5, generated=480),
+        metrics_text(running=3, queued=5, generated=480),
+        metrics_text(running=3, queued=4, generated=530),
+    )
+    result = probe.run()
+    assert result["healthy"] is True, result
+    assert tiers(result)["progress"] == (
+        "ok",
+        "progressing: 50 tokens of finished requests in 1.0 s (3 running, 4 queued)",
+    )
+    assert (result["progress"]["verdict"], result["progress"]["generated_tokens"]) == ("progressing", 50.0)
+    assert script.calls == 3
+
+
+def test_tokens_of_unfinished_requests_count_as_progress(server):
+    probe, _script = progress_probe(
+        server,
+        metrics_text(running=1, generated=0, processed=1000),
+        metrics_text(running=1, generated=0, processed=1040),
+    )
+    result = probe.run()
+    assert tiers(result)["progress"] == ("ok", "progressing: 40 tokens processed in 0.5 s (1 running, 0 queued)")
+
+
+def test_an_idle_engine_passes_at_once(server):
+    clock = FakeClock()
+    probe, script = progress_probe(server, metrics_text(), clock=clock)
+    result = probe.run()
+    assert tiers(result)["progress"] == ("ok", "idle: 0 running, 0 queued")
+    assert (script.calls, clock.now) == (1, 0.0)
+
+
+def test_requests_that_drain_in_the_window_pass(server):
+    probe, _script = progress_probe(server, metrics_text(running=2, generated=5), metrics_text(generated=5))
+    assert tiers(probe.run())["progress"] == ("ok", "drained: no request running or queued after 0.5 s")
+
+
+def test_counters_that_go_backwards_fail(server):
+    probe, _script = progress_probe(
+        server, metrics_text(running=2, generated=500), metrics_text(running=2, generated=3)
+    )
+    assert_failed(probe.run(), "progress", "token counters went backwards within 10 s (the server restarted?)")
+
+
+def test_counters_absent_until_the_first_request_finishes_count_as_zero(server):
+    probe, _script = progress_probe(server, metrics_text(running=1, queued=2))
+    assert_failed(probe.run(), "progress", "hung: 1 running, 2 queued, no token generated in 10 s")
+
+
+def test_metrics_off_skips_the_progress_tier_unless_required(server):
+    del server.routes["/metrics"]
+    result = make_probe(server, progress_window=10).run()
+    assert result["healthy"] is True
+    reason = "/metrics answered HTTP 404 (the server runs without --enable-metrics): progress not judged"
+    assert tiers(result)["progress"] == ("skipped", reason)
+    assert result["progress"] == {"window_s": 10, "metrics": False}
+    required = make_probe(server, progress_window=10, progress_require_metrics=True).run()
+    assert_failed(required, "progress", reason)
+    assert required["state"] == "not_serving"
+
+
+def test_metrics_unreachable_fails_the_progress_tier(server):
+    server.stop()
+    result = make_probe(server, progress_window=10).run()
+    assert_failed(result, "progress", pattern=r"^cannot read /metrics: cannot reach http://127\.0\.0\.1:\d+/metrics")
+
+
+def test_request_counts_add_dp_ranks_and_skip_the_priority_breakdown():
+    samples = [
+        ({"dp_rank": "0", "tp_rank": "0", "priority": ""}, 3.0),
+        ({"dp_rank": "0", "tp_rank": "1", "priority": ""}, 3.0),
+        ({"dp_rank": "0", "tp_rank": "0", "priority": "1"}, 2.0),
+        ({"dp_rank": "1", "tp_rank": "0", "priority": ""}, 4.0),
+    ]
+    assert request_count(samples) == 7
+    assert request_count([({}, 5.0)]) == 5
+    assert request_count([]) == 0
+
+
+# soak -----------------------------------------------------------------------------------------------
+
+
+class GenerateScript:
+    """A /generate route: healthy answers, except the requests numbered in ``bad`` (1 = the generate tier's)."""
+
+    def __init__(self, bad=None):
+        self.bad = bad or {}
+        self.calls = 0
+
+    def __call__(self, request):
+        self.calls += 1
+        if self.calls in self.bad:
+            return self.bad[self.calls]
+        return stream_route(generation_chunks(HEALTHY_ANSWER, meta_info={"completion_tokens": 8}))
+
+
+HEALTHY_ANSWER = "2, 3, 5, 7 and 11."
+
+
+def test_soak_runs_sequential_short_generations_and_reports_their_latencies(server):
+    script = GenerateScript()
+    server.routes["/generate"] = callable_route(script)
+    result = make_probe(server, soak_requests=5, soak_max_new_tokens=4).run()
+    assert result["healthy"] is True, result
+    assert re.fullmatch(r"5 requests, latency median \d\.\d{3} s, max \d\.\d{3} s", tiers(result)["soak"][1])
+    soak = result["soak"]
+    assert (soak["requests"], soak["completed"], soak["failed_request"], len(soak["latencies_s"])) == (5, 5, None, 5)
+    bodies = [r["body"] for r in server.requests if r["path"] == "/generate"]
+    assert [body["sampling_params"]["max_new_tokens"] for body in bodies] == [32, 4, 4, 4, 4, 4]
+    assert script.calls == 6
+
+
+def test_soak_fails_on_the_first_request_that_misses_the_deadline(server):
+    script = GenerateScript(bad={4: hang_route()})
+    server.routes["/generate"] = callable_route(script)
+    result = make_probe(server, soak_requests=10, generate_timeout=0.4).run()
+    assert_failed(
+        result,
+        "soak",
+        pattern=r"^soak request 3 of 10 timed out: no response from /generate within 0\.4 s; "
+        r"2 before it took latency median \d\.\d{3} s, max \d\.\d{3} s$",
+    )
+    assert (result["soak"]["failed_request"], result["soak"]["completed"]) == (3, 2)
+    assert script.calls == 4, "no request after the one that missed"
+
+
+def test_soak_fails_a_degenerate_answer(server):
+    bang = stream_route([{"text": "!" * 8, "meta_info": {"completion_tokens": 8}}])
+    server.routes["/generate"] = callable_route(GenerateScript(bad={2: bang}))
+    result = make_probe(server, soak_requests=3).run()
+    assert_failed(
+        result, "soak", "soak request 1 of 3 returned degenerate output: '!!!!!!!!' (one character repeated 8 times)"
+    )
+
+
+# GPU memory nobody can free, MIG, NVML errors ---------------------------------------------------------
+
+
+def stopped_unit():
+    return UnitScript(unit_state(pid=0, active="inactive", sub="dead"))
+
+
+def test_an_unhealthy_host_with_memory_held_by_a_zombie_needs_a_gpu_reset(server):
+    clock = FakeClock()
+    result = make_probe(
+        server,
+        unit_reader=stopped_unit(),
+        gpus=loaded_gpus(held=(44000, 0)),
+        processes=Processes(zombies={SCHEDULERS[0]}),
+        expected_gpus=["0", "1"],
+        clock=clock,
+    ).run()
+    assert_failed(result, "unit", pattern="not active: ActiveState=inactive")
+    assert result["state"] == "needs_gpu_reset"
+    assert [(e["gpu"], e["pid"], e["state"], e["mib"]) for e in result["unreapable"]] == [(0, 2001, "Z", 44000)]
+    assert result["reset_gpus"] == [0]
+    assert result["reset_message"] == (
+        "GPU 0 needs a reset or a reboot: pid 2001 'sglang::scheduler' is a zombie (state Z, parent 1234) "
+        "holding 44000 MiB"
+    )
+    assert clock.now == pytest.approx(2.0, abs=0.25), "memory must stay for UNREAPABLE_CONFIRM_S"
+
+
+def test_memory_the_driver_releases_shortly_is_not_reported(server):
+    clock = FakeClock()
+
+    def gpus():
+        return loaded_gpus(held=(44000, 0)) if clock.now < 0.5 else loaded_gpus(held=(0, 0))
+
+    result = make_probe(
+        server, unit_reader=stopped_unit(), gpu_reader=gpus, processes=Processes(gone={2001}), clock=clock
+    ).run()
+    assert (result["state"], result["unreapable"]) == ("not_serving", [])
+    assert clock.now < 1.0
+
+
+def test_a_healthy_probe_does_not_look_for_stuck_memory(server):
+    reads = []
+
+    def gpus():
+        reads.append(1)
+        return loaded_gpus()
+
+    result = make_probe(server, gpu_reader=gpus, processes=Processes(gone=set(SCHEDULERS))).run()
+    assert (result["healthy"], result["state"], len(reads)) == (True, "serving", 1)
+
+
+def test_without_the_gpu_tier_no_gpu_is_read_for_a_failed_probe(server):
+    server.routes["/health"] = json_route({}, status=503)
+    result = make_probe(server, tiers=["health"], gpu_reader=lambda: pytest.fail("GPUs read")).run()
+    assert (result["state"], result["unreapable"]) == ("not_serving", [])
+
+
+def mig_gpus():
+    return query_gpus("nvml", nvml=FakeNvml(mig_host()))[1]
+
+
+def test_gpu_tier_checks_a_mig_device_by_its_uuid(server):
+    result = make_probe(server, gpus=mig_gpus(), pids=[4242], expected_gpus=[MIG_A]).run()
+    assert result["healthy"] is True, result
+    assert tiers(result)["gpu"] == ("ok", "30000 MiB on GPU 0 MIG device 0")
+    assert result["gpu_memory_mib"] == {"0": 30000, MIG_A: 30000, MIG_B: 0, "1": 0}
+    assert_failed(
+        make_probe(server, gpus=mig_gpus(), pids=[4242], expected_gpus=[MIG_B]).run(),
+        "gpu",
+        "unit active but its processes hold 0 MiB on GPU 0 MIG device 2 (13 MiB used on the GPU in all): "
+        "model not loaded",
+    )
+
+
+def test_gpu_tier_counts_the_devices_an_engine_can_run_on(server):
+    assert make_probe(server, gpus=mig_gpus(), pids=[4242], tp_size=1).run()["healthy"] is True
+    assert_failed(
+        make_probe(server, gpus=mig_gpus(), pids=[4242], tp_size=4).run(), "gpu", "expected 4 GPUs but the host has 3"
+    )
+
+
+def test_gpu_tier_uses_the_gpus_memory_when_its_process_list_is_unavailable(server):
+    host = [Device("NVIDIA A10", "GPU-a", 23028, 20001, fail={"processes": NO_PERMISSION})]
+    gpus = query_gpus("nvml", nvml=FakeNvml(host))[1]
+    result = make_probe(server, gpus=gpus).run()
+    assert result["healthy"] is True, result
+    assert result["gpu_memory_mib"] == {"0": 20001}
+    assert result["gpu_errors"] == [
+        {"gpu": 0, "uuid": "GPU-a", "field": "processes", "error": "Insufficient Permissions"}
+    ]

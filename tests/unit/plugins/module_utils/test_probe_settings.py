@@ -19,8 +19,25 @@ from ansible_collections.llmops.inference.plugins.module_utils.probe_settings im
         ({"expect_regex": "(unclosed"}, "expect_regex", "expect_regex does not compile: missing ), unterminated"),
         ({"poll_interval": 2}, "poll_interval", "poll_interval must be greater than 0 and at most 0.5 s, got 2"),
         ({"min_distinct_ratio": 1.5}, "min_distinct_ratio", "min_distinct_ratio must be between 0 and 1"),
-        ({"tiers": ["health", "vibes"]}, "tiers", "tiers must be a subset of unit, gpu, health"),
-        ({"tiers": []}, "tiers", "tiers must name at least one of unit, gpu, health"),
+        ({"tiers": ["health", "vibes"]}, "tiers", "tiers must be a subset of unit, gpu, progress, health"),
+        ({"tiers": []}, "tiers", "tiers must name at least one of unit, gpu, progress, health"),
+        (
+            {"progress_window": 0},
+            "progress_window",
+            "progress_window must be a number of seconds greater than 0 (leave it unset to turn the progress tier off)"
+            ", got 0",
+        ),
+        ({"progress_window": -10}, "progress_window", "progress_window must be a number of seconds greater than 0"),
+        ({"progress_window": "10s"}, "progress_window", "progress_window must be a number of seconds greater than 0"),
+        ({"progress_window": True}, "progress_window", "progress_window must be a number of seconds greater than 0"),
+        (
+            {"soak_requests": -1},
+            "soak_requests",
+            "soak_requests must be a whole number of requests, 0 (no soak) or more",
+        ),
+        ({"soak_requests": 2.5}, "soak_requests", "soak_requests must be a whole number of requests"),
+        ({"soak_max_new_tokens": 0}, "soak_max_new_tokens", "soak_max_new_tokens must be a whole number of at least 1"),
+        ({"unaccounted_threshold_mib": -1}, "unaccounted_threshold_mib", "unaccounted_threshold_mib must be a whole"),
         ({"expected_gpus": 0}, "expected_gpus", "expected_gpus as a count must be at least 1, got 0"),
         ({"expected_gpus": {"a": 1}}, "expected_gpus", "expected_gpus must be a GPU count or a list"),
         ({"tp_size": 0}, "tp_size", "tp_size must be at least 1, got 0"),
@@ -41,3 +58,11 @@ def test_settings_normalize_the_unit_and_default_the_gpu_count_from_tp():
     settings = ProbeSettings(expected_gpus=["0", 1], tp_size=2).validate()
     assert (settings.gpu_count, settings.gpu_selectors) == (None, ["0", "1"])
     assert ProbeSettings(expected_gpus="3").validate().gpu_count == 3
+
+
+def test_progress_and_soak_default_to_off():
+    settings = ProbeSettings().validate()
+    assert (settings.progress_window, settings.progress_require_metrics) == (None, False)
+    assert (settings.soak_requests, settings.soak_max_new_tokens, settings.unaccounted_threshold_mib) == (0, 8, 1024)
+    settings = ProbeSettings(progress_window=10, soak_requests=None, soak_max_new_tokens=None).validate()
+    assert (settings.progress_window, settings.soak_requests, settings.soak_max_new_tokens) == (10, 0, 8)

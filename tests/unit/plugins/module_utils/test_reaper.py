@@ -270,20 +270,140 @@ def test_memory_not_released_in_time_fails_naming_the_holders(world):
     assert world.clock.now == pytest.approx(1.0 + 3.0, abs=0.25)
 
 
-def test_d_state_process_is_reported_unkillable(world):
+def test_d_state_process_is_reported_unkillable_and_unreapable(world):
     world.proc.set_state(101, "D")
-    with pytest.raises(ReapError, match="pid 101 still holds") as err:
+    with pytest.raises(ReapError) as err:
         world.reaper(pids=[101], grace=1, timeout=2).run()
-    assert err.value.result["unkillable"] == [{"pid": 101, "title": "sglang::scheduler_TP0", "state": "D"}]
+    assert str(err.value) == (
+        "GPU 0 needs a reset or a reboot: pid 101 'sglang::scheduler_TP0' (state D, parent 1) "
+        "still alive 2.0 s after SIGKILL, holding 40000 MiB"
+    )
+    result = err.value.result
+    assert result["unkillable"] == [{"pid": 101, "title": "sglang::scheduler_TP0", "state": "D"}]
+    assert result["unreapable"] == [
+        {
+            "gpu": 0,
+            "uuid": "GPU-00000000-0000-4000-8000-000000000000",
+            "pid": 101,
+            "state": "D",
+            "ppid": 1,
+            "title": "sglang::scheduler_TP0",
+            "mib": 40000,
+            "evidence": "pid 101 'sglang::scheduler_TP0' (state D, parent 1) still alive 2.0 s after SIGKILL, "
+            "holding 40000 MiB",
+        }
+    ]
+    assert result["reset_gpus"] == [0]
     assert [name for _pid, name, _at in world.kernel.sent] == ["SIGTERM", "SIGKILL"]
-    assert "still alive after SIGKILL: 101 (state D)" in err.value.result["warnings"]
+    assert "still alive after SIGKILL: 101 (state D)" in result["warnings"]
 
 
-def test_unkillable_without_waiting_for_release_is_reported_not_failed(world):
+def test_a_holder_surviving_sigkill_is_judged_after_kill_timeout_not_timeout(world):
     world.proc.set_state(101, "D")
-    result = world.reaper(pids=[101], grace=1, timeout=1, wait_released=False).run()
+    with pytest.raises(
+        ReapError, match=r"^GPU 0 needs a reset or a reboot: pid 101 .* still alive 3\.0 s after SIGKILL"
+    ):
+        world.reaper(pids=[101], grace=1, timeout=60, kill_timeout=3).run()
+    assert world.clock.now == pytest.approx(1 + 3, abs=0.25), "fails fast, not after the 60 s timeout"
+
+
+def test_unkillable_is_only_reported_with_fail_on_unreapable_false(world):
+    world.proc.set_state(101, "D")
+    result = world.reaper(pids=[101], grace=1, timeout=1, wait_released=False, fail_on_unreapable=False).run()
     assert result["unkillable"][0]["pid"] == 101
     assert result["reaped"][0]["exited"] is False
+    assert [entry["pid"] for entry in result["unreapable"]] == [101]
+    assert result["warnings"][-1].startswith("GPU 0 needs a reset or a reboot: pid 101 ")
+
+
+def test_zombie_holding_memory_is_unreapable_and_never_signalled(world):
+    world.proc.add(104, argv=["python", "-m", "sglang.launch_server"], cgroup=REAP_UNIT)
+    world.proc.add(105, ppid=104, argv=["sglang::scheduler_TP2"], cgroup=REAP_UNIT, state="Z")
+    world.gpus.claim(105, 0, 20000)
+    world.gpus.stuck.add(105)
+    with pytest.raises(ReapError) as err:
+        world.reaper(unit="t-reap.service", match="^sglang::", grace=1, timeout=30, kill_timeout=2).run()
+    assert str(err.value) == (
+        "GPU 0 needs a reset or a reboot: pid 105 'sglang::scheduler_TP2' is a zombie (state Z, parent 104) "
+        "holding 20000 MiB"
+    )
+    result = err.value.result
+    assert [(e["pid"], e["state"], e["ppid"], e["mib"]) for e in result["unreapable"]] == [(105, "Z", 104, 20000)]
+    assert by_pid(result["excluded"])[105]["reason"] == "already exited (state Z)"
+    assert set(by_pid(result["reaped"])) == {101, 102}
+    assert signalled(world) == {101, 102}, "the zombie and its parent are left alone"
+    assert world.clock.now == pytest.approx(1 + 2, abs=0.3), "judged after kill_timeout, not the 30 s timeout"
+
+
+def test_memory_held_with_no_process_left_is_unreapable(world):
+    world.gpus.claim(999, 1, 30000)
+    world.gpus.stuck.add(999)
+    world.gpus.unlisted[1] = 8000
+    with pytest.raises(ReapError) as err:
+        world.reaper(pids=[102], gpus=["1"], grace=1, timeout=30, kill_timeout=2).run()
+    assert str(err.value) == (
+        "GPU 1 needs a reset or a reboot: pid 999 no longer exists, yet the driver lists it holding 30000 MiB, "
+        "8001 MiB used that no listed process holds (more than 1024 MiB)"
+    )
+    assert [(e["gpu"], e["pid"], e["state"], e["mib"]) for e in err.value.result["unreapable"]] == [
+        (1, 999, None, 30000),
+        (1, None, None, 8001),
+    ]
+    assert err.value.result["reset_gpus"] == [1]
+    assert signalled(world) == {102}
+
+
+def test_memory_released_within_kill_timeout_is_not_unreapable(world):
+    world.gpus.release_lag = 1.5
+    world.gpus.unlisted[0] = 500
+    result = world.reaper(pids=[101], grace=1, timeout=10, kill_timeout=5).run()
+    assert result["unreapable"] == [] and result["reset_gpus"] == []
+    assert world.clock.now == pytest.approx(1 + 1.5, abs=0.25)
+
+
+def test_unaccounted_threshold_decides_what_counts_as_held(world):
+    world.gpus.unlisted[1] = 3000
+    result = world.reaper(pids=[102], gpus=["1"], grace=1, unaccounted_threshold_mib=4096).run()
+    assert result["unreapable"] == []
+    with pytest.raises(ReapError, match="3001 MiB used that no listed process holds"):
+        world.reaper(pids=[102], gpus=["1"], grace=1, kill_timeout=1).run()
+
+
+def test_check_mode_lists_what_already_looks_unreapable_without_failing(world):
+    world.proc.add(105, ppid=104, argv=["sglang::scheduler_TP2"], cgroup=REAP_UNIT, state="Z")
+    world.gpus.claim(105, 0, 20000)
+    world.gpus.stuck.add(105)
+    world.proc.set_state(102, "D")
+    result = world.reaper(unit="t-reap.service", grace=1).run(check_mode=True)
+    assert [e["pid"] for e in result["reaped"]] == [101, 102]
+    assert [(e["pid"], e["state"]) for e in result["unreapable"]] == [(105, "Z")]
+    assert result["reset_gpus"] == [0]
+    assert (
+        "pid 102 (sglang::scheduler_TP1) is in uninterruptible sleep (state D) and may survive SIGKILL"
+        in (result["warnings"])
+    )
+    assert result["warnings"][-1].startswith("GPU 0 needs a reset or a reboot: pid 105 ")
+    assert world.kernel.sent == []
+
+
+def test_unknown_process_list_is_warned_about(world):
+    gpus = world.gpus
+
+    def query(backend, run_command):
+        backend, found = gpus(backend, run_command)
+        found[1].processes, found[1].processes_known = [], False
+        found[1].add_error("processes", "Insufficient Permissions")
+        return backend, found
+
+    reaper = world.reaper(unit="t-reap.service", grace=1)
+    reaper.query = query
+    result = reaper.run(check_mode=True)
+    assert [e["pid"] for e in result["reaped"]] == [101]
+    assert (
+        "GPU 1 (GPU-00000000-0000-4000-8000-000000000001): processes unavailable (Insufficient Permissions); "
+        "the processes holding memory on it cannot be found"
+    ) in result["warnings"]
+    assert result["gpus_before"][1]["errors"] == [{"field": "processes", "error": "Insufficient Permissions"}]
 
 
 def test_released_below_mib_waits_for_every_selected_gpu(world):
@@ -370,6 +490,10 @@ def test_permission_denied_is_a_reap_error_with_partial_result(world):
         ({"unit": "x", "signal": "SIGNOPE"}, "signal", "unknown signal"),
         ({"unit": "x", "backend": "cuda"}, "backend", "not one of auto, nvml, nvidia-smi"),
         ({"unit": "x", "released_below_mib": -1}, "released_below_mib", "must be >= 0"),
+        ({"unit": "x", "kill_timeout": 0}, "kill_timeout", "must be > 0 seconds, got 0"),
+        ({"unit": "x", "kill_timeout": -2}, "kill_timeout", "must be >= 0 seconds"),
+        ({"unit": "x", "unaccounted_threshold_mib": -1}, "unaccounted_threshold_mib", "whole number of MiB >= 0"),
+        ({"unit": "x", "unaccounted_threshold_mib": "lots"}, "unaccounted_threshold_mib", "whole number of MiB"),
     ],
 )
 def test_bad_input_names_the_option(params, option, text):
@@ -385,6 +509,7 @@ def test_parse_options_defaults():
     assert options.pids == (42, 43)
     assert (options.signal, options.grace, options.timeout, options.wait_released) == (signal.SIGTERM, 10.0, 60.0, True)
     assert options.backend == "auto"
+    assert (options.kill_timeout, options.unaccounted_threshold_mib, options.fail_on_unreapable) == (10.0, 1024, True)
 
 
 def test_real_sigterm_ignoring_process_is_reaped_within_grace_plus_half_a_second():

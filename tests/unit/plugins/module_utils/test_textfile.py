@@ -122,3 +122,80 @@ def test_failed_write_leaves_no_temporary_file(tmp_path, monkeypatch):
 def test_bad_paths_are_refused_naming_textfile_path(path, message):
     with pytest.raises(ValueError, match="^" + message):
         validate_textfile_path(path)
+
+
+def states(parsed: dict, base=None) -> dict:
+    base = labels() if base is None else base
+    return {
+        name: parsed[("llmops_sglang_probe_state", base | {("state", name)})]
+        for name in ("serving", "not_serving", "hung", "needs_gpu_reset")
+    }
+
+
+def test_the_hosts_state_is_one_of_four_samples():
+    assert states(samples(render_probe({**probe_result(), "state": "serving"}, URL, UNIT))) == {
+        "serving": 1.0,
+        "not_serving": 0.0,
+        "hung": 0.0,
+        "needs_gpu_reset": 0.0,
+    }
+    older = samples(render_probe(probe_result(healthy=False), URL, UNIT))
+    assert states(older)["not_serving"] == 1.0, "a result without a state reads as serving or not serving"
+
+
+def test_a_hung_host_is_its_own_state_with_the_progress_counts():
+    result = {
+        **probe_result(healthy=False),
+        "state": "hung",
+        "progress": {
+            "window_s": 10,
+            "metrics": True,
+            "verdict": "hung",
+            "running": 3,
+            "queued": 5,
+            "generated_tokens": 0.0,
+            "processed_tokens": 0.0,
+            "observed_s": 10.0,
+        },
+    }
+    parsed = samples(render_probe(result, URL, UNIT))
+    assert states(parsed) == {"serving": 0.0, "not_serving": 0.0, "hung": 1.0, "needs_gpu_reset": 0.0}
+    assert parsed[("llmops_sglang_probe_progress_running_requests", labels())] == 3.0
+    assert parsed[("llmops_sglang_probe_progress_queued_requests", labels())] == 5.0
+    assert parsed[("llmops_sglang_probe_progress_tokens", labels())] == 0.0
+    assert parsed[("llmops_sglang_probe_progress_window_seconds", labels())] == 10.0
+
+
+def test_a_host_that_needs_a_gpu_reset_is_its_own_state_with_the_memory_per_gpu():
+    unreapable = [
+        {"gpu": 0, "uuid": "GPU-a", "pid": 7, "state": "D", "ppid": 1, "title": "t", "mib": 30000, "evidence": "x"},
+        {
+            "gpu": 0,
+            "uuid": "GPU-a",
+            "pid": None,
+            "state": None,
+            "ppid": None,
+            "title": None,
+            "mib": 2000,
+            "evidence": "",
+        },
+        {"gpu": 2, "uuid": "GPU-c", "pid": 9, "state": "Z", "ppid": 8, "title": "t", "mib": None, "evidence": "x"},
+    ]
+    result = {**probe_result(healthy=False), "state": "needs_gpu_reset", "unreapable": unreapable}
+    parsed = samples(render_probe(result, URL, UNIT))
+    assert states(parsed)["needs_gpu_reset"] == 1.0 and states(parsed)["not_serving"] == 0.0
+    assert parsed[("llmops_sglang_probe_gpu_needs_reset", labels(gpu="0"))] == 1.0
+    assert parsed[("llmops_sglang_probe_gpu_needs_reset", labels(gpu="2"))] == 1.0
+    assert parsed[("llmops_sglang_probe_gpu_unreapable_memory_bytes", labels(gpu="0"))] == 32000 * 1024 * 1024
+    assert ("llmops_sglang_probe_gpu_needs_reset", labels(gpu="1")) not in parsed
+
+
+def test_soak_results_are_exported():
+    result = {
+        **probe_result(),
+        "soak": {"requests": 5, "completed": 5, "latencies_s": [0.1, 0.4, 0.2], "failed_request": None},
+    }
+    parsed = samples(render_probe(result, URL, UNIT))
+    assert parsed[("llmops_sglang_probe_soak_requests", labels())] == 5.0
+    assert parsed[("llmops_sglang_probe_soak_completed_requests", labels())] == 5.0
+    assert parsed[("llmops_sglang_probe_soak_max_latency_seconds", labels())] == 0.4

@@ -95,3 +95,47 @@ def test_reap_error_fails_with_the_partial_result(capsys, fake_reaper):
     assert result["changed"] is True
     assert "pid 101 still holds" in result["msg"]
     assert result["reaped"] == [{"pid": 101, "exited": True}]
+
+
+def test_unreapable_options_reach_the_reaper(capsys, fake_reaper):
+    run_module(capsys, {"unit": "t-reap.service", "kill_timeout": 4, "unaccounted_threshold_mib": 2048})
+    options = fake_reaper.seen["options"]
+    assert (options.kill_timeout, options.unaccounted_threshold_mib, options.fail_on_unreapable) == (4.0, 2048, True)
+    run_module(capsys, {"unit": "t-reap.service", "fail_on_unreapable": False})
+    assert fake_reaper.seen["options"].fail_on_unreapable is False
+    assert fake_reaper.seen["options"].kill_timeout == 10.0
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ({"unit": "t-reap.service", "kill_timeout": 0}, "kill_timeout: must be > 0 seconds"),
+        ({"unit": "t-reap.service", "unaccounted_threshold_mib": -1}, "unaccounted_threshold_mib: must be a whole"),
+    ],
+)
+def test_bad_unreapable_options_fail_naming_the_option(capsys, fake_reaper, args, message):
+    result = run_module(capsys, args)
+    assert result["msg"].startswith(message)
+    assert fake_reaper.seen == {}
+
+
+def test_unreapable_memory_fails_with_the_reset_message_and_the_evidence(capsys, fake_reaper):
+    entry = {
+        "gpu": 0,
+        "uuid": "GPU-a",
+        "pid": 101,
+        "state": "D",
+        "ppid": 1,
+        "title": "t",
+        "mib": 40000,
+        "evidence": "x",
+    }
+    fake_reaper.fails = True
+    fake_reaper.error = ReapError(
+        "GPU 0 needs a reset or a reboot: x",
+        {"changed": True, "unreapable": [entry], "reset_gpus": [0], "warnings": [], "diff": {}},
+    )
+    result = run_module(capsys, {"unit": "t-reap.service"})
+    assert result["failed"] is True
+    assert result["msg"] == "GPU 0 needs a reset or a reboot: x"
+    assert (result["unreapable"], result["reset_gpus"]) == ([entry], [0])
