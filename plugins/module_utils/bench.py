@@ -19,6 +19,8 @@ the same thing:
   standard deviation), ``p90``/``p95``/``p99`` percentiles by linear interpolation between the closest
   ranks (Hyndman and Fan type 7, numpy's default, which bench_serving uses), ``max_itl_ms``. An empty sample
   gives ``None`` rather than bench_serving's 0.
+- ``output_throughput_per_user`` is what one user sees while its request runs: the mean over the completed
+  requests of completion tokens / E2E latency (TTFT included); ``output_throughput`` is the server's.
 - ``accept_length`` is this run's own: sum of completion tokens / sum of verify steps over the completed
   requests, the verify steps being each request's ``meta_info.spec_verify_ct`` or, where only
   ``spec_accept_length`` is reported, completion tokens / ``spec_accept_length``. That is the average
@@ -110,8 +112,11 @@ class StreamingBenchClient(SglangClient):
     error mapping.
     """
 
-    def prepare(self) -> StreamingBenchClient:
-        """Build the HTTP session now (its TLS context takes tens of ms), not inside the first measured request."""
+    def prepare(self, like: StreamingBenchClient | None = None) -> StreamingBenchClient:
+        """Build the HTTP session now (its TLS context takes tens of ms), not inside the first measured request;
+        with ``like``, share that client's session, so a pool of clients builds one context, not one each."""
+        if like is not None and like._session is not None:
+            self._session = like._session
         self._ensure_session()
         return self
 
@@ -223,6 +228,11 @@ def _latency_samples(completed: list) -> dict:
     }
 
 
+def _per_user(completed: list) -> float | None:
+    rates = [result.completion_tokens / result.latency_s for result in completed if result.latency_s > 0]
+    return sum(rates) / len(rates) if rates else None
+
+
 def error_summary(results: list) -> list:
     """The most frequent failure messages, most frequent first: [{"error": ..., "count": ...}]."""
     counts = Counter(result.error or "unknown error" for result in results if not result.success)
@@ -248,6 +258,7 @@ def compute_metrics(results: list, duration: float) -> dict:
         "output_throughput": per_s(output_tokens),
         "total_throughput": per_s(input_tokens + output_tokens),
         "concurrency": per_s(sum(result.latency_s for result in completed)),
+        "output_throughput_per_user": _per_user(completed),
         "accept_length": accept_length,
         "accept_length_requests": accept_requests,
         "errors": error_summary(results),
@@ -263,7 +274,8 @@ def compute_metrics(results: list, duration: float) -> dict:
 
 def combine_runs(runs: list) -> dict:
     """One set of metrics for several runs of the same requests: counts, token totals and durations summed,
-    error counts merged, every other number the median over the runs (None when a run has none)."""
+    error counts merged, the first start and the last end, every other number the median over the runs (None
+    when a run has none)."""
     if len(runs) == 1:
         return dict(runs[0])
     combined = {}
@@ -271,6 +283,10 @@ def combine_runs(runs: list) -> dict:
         values = [run[key] for run in runs]
         if key in SUMMED_METRICS:
             combined[key] = sum(values)
+        elif key == "started_at":
+            combined[key] = min(values)
+        elif key == "ended_at":
+            combined[key] = max(values)
         elif key == "errors":
             counts = Counter()
             for errors in values:
@@ -281,20 +297,23 @@ def combine_runs(runs: list) -> dict:
     return combined
 
 
-def run_requests(send, prompts: list, concurrency: int, clock=time.monotonic) -> tuple:
+def run_requests(send, prompts: list, concurrency: int, clock=time.monotonic, stop_on_failure: bool = False) -> tuple:
     """Send every prompt with at most ``concurrency`` in flight; return (results in prompt order, duration).
 
     ``send(prompt) -> RequestResult`` is called from worker threads; each worker should own its connection.
+    With ``stop_on_failure`` no request is sent after the first one that failed (those in flight still run to
+    their end or their timeout), and the results hold only the requests sent.
     """
     results = [None] * len(prompts)
     next_index = iter(range(len(prompts)))
     lock = threading.Lock()
+    failed = threading.Event()
     started = clock()
 
     def worker():
         while True:
             with lock:
-                index = next(next_index, None)
+                index = None if stop_on_failure and failed.is_set() else next(next_index, None)
             if index is None:
                 return
             begun = clock()
@@ -304,13 +323,15 @@ def run_requests(send, prompts: list, concurrency: int, clock=time.monotonic) ->
                 result = RequestResult(False, latency_s=clock() - begun, error=f"{type(exc).__name__}: {exc}")
             result.start_s = begun - started
             results[index] = result
+            if not result.success:
+                failed.set()
 
     threads = [threading.Thread(target=worker, daemon=True) for _number in range(min(concurrency, len(prompts)))]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    return results, clock() - started
+    return [result for result in results if result is not None], clock() - started
 
 
 class BenchSettings:
@@ -330,6 +351,7 @@ class BenchSettings:
         repeats: int = 1,
         ignore_eos: bool = True,
         temperature: float = 0.0,
+        stop_on_failure: bool = False,
     ):
         self.url = url
         self.num_prompts = num_prompts
@@ -343,6 +365,7 @@ class BenchSettings:
         self.repeats = repeats
         self.ignore_eos = ignore_eos
         self.temperature = temperature
+        self.stop_on_failure = stop_on_failure
 
     def validate(self) -> BenchSettings:
         with refused_as("url", BenchInputError):
@@ -372,16 +395,20 @@ class BenchSettings:
         return builtin_prompts(count)
 
 
-def run_benchmark(settings: BenchSettings, client_factory, clock=time.monotonic) -> dict:
+def run_benchmark(settings: BenchSettings, client_factory, clock=time.monotonic, wall=time.time) -> dict:
     """Warm up, then run the measured requests ``repeats`` times; return the metrics plus what was run.
 
     ``client_factory()`` gives a new StreamingBenchClient; each request in flight uses one of its own, prepared
-    before any request is timed.
+    before any request is timed. Each run records when its requests started and ended (``started_at``,
+    ``ended_at``: seconds since the epoch, this host's clock). With ``stop_on_failure`` the first failed
+    request ends the benchmark: no later request and no later run is sent (``stopped_early``, ``unsent_requests``).
     """
     # At most `concurrency` requests are in flight, so a pool of that many clients never runs dry.
     idle_clients = queue.SimpleQueue()
+    previous = None
     for _number in range(min(settings.concurrency, max(settings.warmup_requests, settings.num_prompts))):
-        idle_clients.put(client_factory().prepare())
+        previous = client_factory().prepare(like=previous)
+        idle_clients.put(previous)
 
     def send(prompt: str) -> RequestResult:
         client = idle_clients.get()
@@ -393,12 +420,15 @@ def run_benchmark(settings: BenchSettings, client_factory, clock=time.monotonic)
             idle_clients.put(client)
 
     began = clock()
+    stop = settings.stop_on_failure
+    unsent = 0
     warmup = {"requests": settings.warmup_requests, "failed_requests": 0, "duration": 0.0, "errors": []}
     if settings.warmup_requests:
         # Not measured. Random warm-up prompts come from another seed than the measured ones, so the
         # server's prefix cache does not make the measured requests look faster than they are.
         warm_prompts = settings.prompts(settings.warmup_requests, seed_offset=1)
-        warm_results, warm_duration = run_requests(send, warm_prompts, settings.concurrency, clock)
+        warm_results, warm_duration = run_requests(send, warm_prompts, settings.concurrency, clock, stop)
+        unsent += len(warm_prompts) - len(warm_results)
         warmup.update(
             failed_requests=sum(1 for result in warm_results if not result.success),
             duration=warm_duration,
@@ -407,9 +437,14 @@ def run_benchmark(settings: BenchSettings, client_factory, clock=time.monotonic)
     prompts = settings.prompts(settings.num_prompts)
     runs = []
     for _repeat in range(settings.repeats):
-        results, duration = run_requests(send, prompts, settings.concurrency, clock)
-        runs.append(compute_metrics(results, duration))
-    metrics = combine_runs(runs)
+        if stop and (warmup["failed_requests"] or any(run["failed_requests"] for run in runs)):
+            unsent += len(prompts)
+            continue
+        started_at = wall()
+        results, duration = run_requests(send, prompts, settings.concurrency, clock, stop)
+        unsent += len(prompts) - len(results)
+        runs.append(dict(compute_metrics(results, duration), started_at=started_at, ended_at=wall()))
+    metrics = combine_runs(runs) if runs else compute_metrics([], 0.0)
     metrics.update(
         runs=runs,
         repeats=settings.repeats,
@@ -419,5 +454,7 @@ def run_benchmark(settings: BenchSettings, client_factory, clock=time.monotonic)
         prompt_set=settings.prompt_set,
         warmup=warmup,
         elapsed_s=clock() - began,
+        stopped_early=unsent > 0,
+        unsent_requests=unsent,
     )
     return metrics

@@ -1,7 +1,7 @@
 # Copyright: (c) 2025, llmops.inference contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""The sweep_report module's three actions - plan, record, report - on top of the plan, store and report logic.
+"""The sweep_report module's actions - plan, budget, record, report - on top of the plan, store and report logic.
 
 Private to the llmops.inference collection; not a public API. ``params`` are the module's parameters.
 """
@@ -16,14 +16,31 @@ from ansible_collections.llmops.inference.plugins.module_utils.sweep_plan import
     assign,
     check_algorithm,
     check_counts,
+    check_host_args,
+    check_levels,
+    check_slo,
     expand_points,
+    level_plan,
+    level_warnings,
+    load_budget,
 )
-from ansible_collections.llmops.inference.plugins.module_utils.sweep_plot import plot_available, render_png
+from ansible_collections.llmops.inference.plugins.module_utils.sweep_plot import (
+    plot_available,
+    render_pareto_png,
+    render_png,
+)
 from ansible_collections.llmops.inference.plugins.module_utils.sweep_report import (
-    build_record,
-    choose_best,
+    STAGE_NOT_RUN,
+    applied_choice,
+    best_per_level,
+    build_level_record,
+    build_load,
     csv_text,
     markdown,
+    pareto,
+    robust_choice,
+    rules,
+    sla_choice,
     summarize,
     timing,
 )
@@ -39,6 +56,13 @@ BENCH_DEFAULTS = {
     "request_timeout": 120.0,
     "ignore_eos": True,
     "temperature": 0.0,
+}
+REPORT_FILES = {
+    "json": "results.json",
+    "csv": "results.csv",
+    "markdown": "results.md",
+    "png": "results.png",
+    "pareto_png": "results-pareto.png",
 }
 
 
@@ -80,23 +104,55 @@ def _check_scoring(mad_penalty, tolerance) -> None:
         )
 
 
+def gpus_per_engine(profiles: dict) -> int:
+    """GPUs one engine uses, from the (alike) hosts' profiles: their GPU list, else the TP size."""
+    for profile in (profiles or {}).values():
+        if profile.get("gpus"):
+            return len(profile["gpus"])
+        try:
+            return max(1, int(profile.get("tp_size") or 1))
+        except (TypeError, ValueError):
+            return 1
+    return 1
+
+
+def _levels(params: dict, bench: dict) -> list:
+    given = params.get("concurrency")
+    if given is None:
+        return check_levels(bench["concurrency"])
+    if "concurrency" in (params.get("bench") or {}):
+        raise SweepInputError(
+            "sweep_bench.concurrency", "and sweep_concurrency are both set; list the load levels in sweep_concurrency"
+        )
+    return check_levels(given)
+
+
 def plan_sweep(params: dict, run: dict, now: float, write: bool = True) -> dict:
-    """Validate everything, start the run in the results directory, and assign the pending points."""
+    """Validate everything, start the run in the results directory, and assign the missing points and levels."""
     points = expand_points(params.get("steps"), params.get("topk", 1), params.get("draft_tokens"), params.get("grid"))
     algorithm = check_algorithm(params.get("algorithm"))
     check_counts(sweep_repeats=(params["repeats"], 1), sweep_warmup_requests=(params["warmup_requests"], 0))
     _check_scoring(params["mad_penalty"], params["tolerance"])
     bench = bench_options(params.get("bench") or {})
+    levels = _levels(params, bench)
+    slo = check_slo(params.get("slo"))
     hosts = list(params.get("hosts") or [])
     if len(set(hosts)) != len(hosts):
         raise SweepInputError("sweep_hosts", f"lists a host more than once: {hosts}")
     assign([], hosts)  # no hosts is an error
-    check_alike(params.get("host_profiles") or {})
+    profiles = params.get("host_profiles") or {}
+    check_alike(profiles)
+    check_host_args(points, params.get("host_args") or {})
+    bench.pop("concurrency")
+    sizes = level_plan(levels, bench, params["repeats"], params["warmup_requests"])
     definition = {
         "algorithm": algorithm,
         "repeats": params["repeats"],
         "warmup_requests": params["warmup_requests"],
         "bench": bench,
+        "levels": sizes,
+        "slo": slo,
+        "gpus_per_engine": gpus_per_engine(profiles),
         "mad_penalty": params["mad_penalty"],
         "tolerance": params["tolerance"],
         "apply": params.get("apply", "original"),
@@ -104,43 +160,86 @@ def plan_sweep(params: dict, run: dict, now: float, write: bool = True) -> dict:
     }
     store = ResultsDir(params["results_dir"])
     run = dict(run, started_at=now, hosts=hosts)
+    retry_failed = params.get("retry_failed", False)
     if write:
-        started = store.start_run(definition, params["resume"], run, now, params.get("retry_failed", False))
+        started = store.start_run(definition, params["resume"], run, now, retry_failed)
+        done, replaced = started["done"], started["replaced"]
     else:
         store.check_writable()
-        done = [record["point"]["id"] for record in store.point_records()] if params["resume"] else []
-        started = {"done": done, "replaced": None}
-    pending = [point for point in points if point.id not in started["done"]]
+        done = store.done_levels(retry_failed) if params["resume"] else {}
+        replaced = None
+    pending, complete, partial = [], [], {}
+    for point in points:
+        missing = [level for level in sizes if level["concurrency"] not in done.get(point.id, [])]
+        if not missing:
+            complete.append(point.id)
+            continue
+        if len(missing) < len(sizes):
+            partial[point.id] = sorted(done[point.id])
+        pending.append(dict(point.as_dict(), levels=missing))
     plan = assign(pending, hosts)
     return {
         "run_id": run["run_id"],
         "started_at": now,
         "definition": definition,
         "points": definition["points"],
-        "done": [point.id for point in points if point.id in started["done"]],
-        "pending": [point.id for point in pending],
-        "assignment": {host: [point.as_dict() for point in assigned] for host, assigned in plan.items()},
-        "replaced": started["replaced"],
+        "levels": sizes,
+        "done": complete,
+        "partial": partial,
+        "pending": [point["id"] for point in pending],
+        "assignment": plan,
+        "replaced": replaced,
+        "level_warnings": level_warnings(levels, params.get("host_args") or {}),
     }
 
 
-def record_point(params: dict, write: bool = True) -> dict:
-    record = build_record(
-        params["point"],
-        params["host"],
-        params["run_id"],
-        params["started_at"],
-        params["finished_at"],
+def host_budget(params: dict) -> dict:
+    """This host's load budget for every point (see sweep_plan.load_budget)."""
+    return load_budget(params.get("unit_status") or {}, params.get("role_wait_s"), params.get("load_timeout"))
+
+
+def _bare_point(point: dict) -> dict:
+    return {key: point[key] for key in ("id", "steps", "topk", "draft_tokens")}
+
+
+def record_levels(params: dict, write: bool = True) -> dict:
+    """Record one level (``concurrency``) or, when a load failed or a level was not run, several (``levels``)."""
+    levels = params.get("levels") or [params.get("concurrency")]
+    if any(level is None for level in levels):
+        raise SweepInputError("concurrency", "or levels must name the load level(s) to record")
+    load = build_load(
+        params.get("point_started_at") or params["started_at"],
         params.get("load_s"),
-        gate=params.get("gate"),
-        benchmark=params.get("benchmark"),
-        error=params.get("error"),
-        journal=params.get("journal"),
+        params.get("gate"),
         apply_s=params.get("apply_s"),
         first_failure=params.get("first_failure"),
     )
-    path = ResultsDir(params["results_dir"]).write_point(record) if write else None
-    return {"record": record, "path": path}
+    one = len(levels) == 1
+    records = [
+        build_level_record(
+            _bare_point(params["point"]),
+            int(level),
+            params["host"],
+            params["run_id"],
+            params["started_at"],
+            params["finished_at"],
+            load,
+            gate=params.get("gate"),
+            benchmark=params.get("benchmark") if one else None,
+            error=params.get("error"),
+            journal=params.get("journal"),
+            not_run=params.get("not_run"),
+        )
+        for level in levels
+    ]
+    store = ResultsDir(params["results_dir"])
+    paths = [store.write_level(record) for record in records] if write else []
+    stops = None
+    failed = [record for record in records if record["status"] != "measured" and record["stage"] != STAGE_NOT_RUN]
+    if failed:
+        first = failed[0]
+        stops = f"not run: the point failed at concurrency {first['concurrency']} ({first['stage']}): {first['reason']}"
+    return {"records": records, "paths": paths, "status": records[0]["status"], "stops_point": stops}
 
 
 def write_reports(params: dict, now: float, write: bool = True) -> dict:
@@ -151,38 +250,48 @@ def write_reports(params: dict, now: float, write: bool = True) -> dict:
     definition = sweep["definition"]
     runs = sweep.get("runs") or [{}]
     run = next((item for item in runs if item.get("run_id") == params.get("run_id")), runs[-1])
-    records = store.point_records()
-    rows = [summarize(record, definition["mad_penalty"]) for record in records]
-    best = choose_best(rows, definition["tolerance"])
-    for row in rows:
-        row["best"] = best is not None and row["id"] == best["id"]
-    run_timing = timing(records, run, now)
-    document = {
-        "definition": definition,
-        "runs": runs,
-        "timing": run_timing,
-        "best": best,
-        "summary": rows,
-        "points": records,
+    records = store.level_records()
+    rows = [summarize(record, definition["mad_penalty"], definition.get("gpus_per_engine", 1)) for record in records]
+    levels = [level["concurrency"] for level in definition.get("levels") or []]
+    point_ids = {point["id"] for point in definition.get("points") or []}
+    in_scope = [row for row in rows if row["concurrency"] in levels and row["id"] in point_ids]
+    tolerance = definition["tolerance"]
+    best_levels = best_per_level(in_scope, levels, tolerance)
+    robust = robust_choice(in_scope, levels, tolerance)
+    sla = sla_choice(in_scope, levels, definition.get("slo") or {}, tolerance)
+    frontier = pareto(in_scope)
+    report = {
+        "best_per_level": best_levels,
+        "robust_choice": robust,
+        "sla_choice": sla,
+        "choice": applied_choice(robust, sla),
+        "pareto": frontier,
     }
-    files = {"json": "results.json", "csv": "results.csv", "markdown": "results.md"}
+    run_timing = timing(records, run, now)
+    document = dict(
+        report, definition=definition, runs=runs, timing=run_timing, rules=rules(definition), summary=rows,
+        records=records,
+    )  # fmt: skip
     contents = {
         "json": (json.dumps(document, indent=2, sort_keys=True) + "\n").encode("utf-8"),
         "csv": csv_text(records).encode("utf-8"),
-        "markdown": markdown(rows, best, definition, run_timing).encode("utf-8"),
+        "markdown": markdown(rows, report, definition, run_timing).encode("utf-8"),
     }
     plot_skipped = None
     if not params.get("plot", True):
         plot_skipped = "plot: false"
     elif not plot_available():
         plot_skipped = "matplotlib cannot be imported on the controller (pip install matplotlib)"
-    elif rows:
-        files["png"] = "results.png"
-        title = f"{definition['algorithm']} speculative sweep: {len(rows)} point(s)"
-        contents["png"] = render_png(rows, best, title)
-    else:
+    elif not rows:
         plot_skipped = "no points recorded"
+    else:
+        title = f"{definition['algorithm']} speculative sweep: {len(point_ids)} point(s) x {len(levels)} load level(s)"
+        contents["png"] = render_png(in_scope or rows, best_levels, title)
+        if frontier:
+            pareto_title = f"{definition['algorithm']}: Pareto over points and load levels"
+            contents["pareto_png"] = render_pareto_png(frontier, pareto_title)
     paths = {}
-    for kind, name in files.items():
-        paths[kind] = store.write_file(name, contents[kind]) if write else f"{store.path}/{name}"
-    return {"summary": rows, "best": best, "timing": run_timing, "files": paths, "plot_skipped": plot_skipped}
+    for kind, data in contents.items():
+        name = REPORT_FILES[kind]
+        paths[kind] = store.write_file(name, data) if write else f"{store.path}/{name}"
+    return dict(report, summary=rows, timing=run_timing, files=paths, plot_skipped=plot_skipped)

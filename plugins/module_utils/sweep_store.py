@@ -1,18 +1,20 @@
 # Copyright: (c) 2025, llmops.inference contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""A sweep's results directory on the controller: its definition, one file per finished point, resume.
+"""A sweep's results directory on the controller: its definition, one file per measured load level, resume.
 
 Private to the llmops.inference collection; not a public API. Standard library only.
 
 Layout of ``sweep_results_dir``::
 
-    sweep.json          what is swept and how it is measured, and the history of runs
-    points/<id>.json    one record per finished point (measured or failed), written when the point ends
-    results.*           the reports (sweep_report.py), rewritten at the end of every run
+    sweep.json                      what is swept and how it is measured, and the history of runs
+    points/<id>/c<concurrency>.json one record per point and load level (measured or failed), written when
+                                    that level ends
+    results.*, results-*            the reports (sweep_report.py), rewritten at the end of every run
 
-A point's file is written atomically as soon as the point ends, by whichever host ran it, so a killed
-sweep loses at most the points in progress and a re-run with resume skips every point that has a file.
+A level's file is written atomically as soon as the level ends, by whichever host ran it, so a killed
+sweep loses at most the level in progress, and a re-run with resume measures only the levels that have no
+file: a point with some of its levels recorded is loaded again for the others only.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from ansible_collections.llmops.inference.plugins.module_utils.sweep_plan import
 
 DEFINITION_FILE = "sweep.json"
 POINTS_DIR = "points"
-REPORT_PREFIX = "results."
+REPORT_PREFIX = "results"
 # What makes two runs' numbers comparable; a resumed run must match the earlier one in all of these.
 MEASUREMENT_KEYS = ("algorithm", "repeats", "warmup_requests", "bench")
 
@@ -88,26 +90,43 @@ class ResultsDir:
                 "sweep_results_dir", f"holds an unreadable {DEFINITION_FILE} ({exc}); move it away or pick another"
             ) from None
 
-    def point_records(self) -> list:
-        """Every recorded point, sorted by point id; unreadable files are skipped (a write cut short)."""
+    def level_path(self, point_id: str, concurrency: int) -> str:
+        return os.path.join(self.points_dir, point_id, f"c{int(concurrency):04d}.json")
+
+    def level_records(self) -> list:
+        """Every recorded level, sorted by point id and concurrency; unreadable files are skipped (a write cut
+        short)."""
         records = []
         if not os.path.isdir(self.points_dir):
             return records
-        for name in sorted(os.listdir(self.points_dir)):
-            if not name.endswith(".json"):
+        for point in sorted(os.listdir(self.points_dir)):
+            folder = os.path.join(self.points_dir, point)
+            if not os.path.isdir(folder):
                 continue
-            try:
-                with open(os.path.join(self.points_dir, name), encoding="utf-8") as handle:
-                    records.append(json.load(handle))
-            except (OSError, ValueError):
-                continue
+            for name in sorted(os.listdir(folder)):
+                if not (name.startswith("c") and name.endswith(".json")):
+                    continue
+                try:
+                    with open(os.path.join(folder, name), encoding="utf-8") as handle:
+                        records.append(json.load(handle))
+                except (OSError, ValueError):
+                    continue
         return records
 
-    def write_point(self, record: dict) -> str:
-        os.makedirs(self.points_dir, exist_ok=True)
-        path = os.path.join(self.points_dir, record["point"]["id"] + ".json")
+    def write_level(self, record: dict) -> str:
+        path = self.level_path(record["point"]["id"], record["concurrency"])
+        os.makedirs(os.path.dirname(path), exist_ok=True)
         atomic_write(path, _dump(record))
         return path
+
+    def done_levels(self, retry_failed: bool = False) -> dict:
+        """{point id: [concurrency, ...]} recorded (failed ones too, unless ``retry_failed``)."""
+        done = {}
+        for record in self.level_records():
+            if retry_failed and record.get("status") != "measured":
+                continue
+            done.setdefault(record["point"]["id"], []).append(record["concurrency"])
+        return done
 
     def write_file(self, name: str, data: bytes) -> str:
         path = os.path.join(self.path, name)
@@ -130,11 +149,12 @@ class ResultsDir:
         return aside
 
     def start_run(self, definition: dict, resume: bool, run: dict, now: float, retry_failed: bool = False) -> dict:
-        """Begin a run: check or replace earlier results; return {"done": [ids], "replaced": dir or None}.
+        """Begin a run: check or replace earlier results; return {"done": {id: [levels]}, "replaced": dir or None}.
 
         With ``resume``, earlier results must come from the same measurement (MEASUREMENT_KEYS) or the
-        numbers would not compare, and recorded points count as done (failed ones too, unless
-        ``retry_failed``); without it, earlier results are moved aside, never deleted.
+        numbers would not compare (points and load levels may differ: new ones are measured), and recorded
+        levels count as done (failed ones too, unless ``retry_failed``); without it, earlier results are moved
+        aside, never deleted.
         """
         self.ensure_writable()
         earlier = self.read_definition()
@@ -157,6 +177,5 @@ class ResultsDir:
         runs = list((earlier or {}).get("runs", []))
         runs.append(run)
         self.write_file(DEFINITION_FILE, _dump({"definition": definition, "runs": runs}))
-        records = self.point_records() if resume else []
-        done = [record["point"]["id"] for record in records if not (retry_failed and record["status"] != "measured")]
+        done = self.done_levels(retry_failed) if resume else {}
         return {"done": done, "replaced": replaced}

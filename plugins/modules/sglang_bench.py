@@ -106,6 +106,21 @@ options:
         Each run's metrics are in RV(runs); the top-level metrics then combine them (see RV(runs)).
     type: int
     default: 1
+  stop_on_failure:
+    description:
+      - Stop at the first failed request - a request that errors or exceeds O(request_timeout) - instead of sending
+        the others; requests already in flight still run to their end or their timeout, so a server that hangs
+        costs one O(request_timeout), not one per request. The requests not sent are counted in
+        RV(unsent_requests).
+    type: bool
+    default: false
+  unit:
+    description:
+      - The systemd unit of the engine being measured. When set, RV(engine) says which engine process served the
+        benchmark, when systemd forked it and when it logged that it was ready (from the journal),
+        RV(engine_restarted) whether another process served by the end, and RV(journal_tail) holds the unit's last
+        journal lines when a request failed.
+    type: str
   fail_on_errors:
     description:
       - Fail when any measured or warm-up request failed. With V(false) the module succeeds and reports
@@ -259,6 +274,39 @@ elapsed_s:
   description: Seconds the whole benchmark took, warm-up included.
   returned: always
   type: float
+output_throughput_per_user:
+  description:
+    - Output tokens per second one user sees while its request runs - the mean over the completed requests of
+      completion tokens / E2E latency (TTFT included).
+  returned: always
+  type: float
+stopped_early:
+  description: Whether O(stop_on_failure) ended the benchmark before every request was sent.
+  returned: always
+  type: bool
+unsent_requests:
+  description: Requests (warm-up and measured) not sent because O(stop_on_failure) stopped the benchmark.
+  returned: always
+  type: int
+engine:
+  description:
+    - With O(unit), the engine when the benchmark started - C(main_pid), C(active_state), C(forked_at) (systemd's
+      C(ExecMainStartTimestamp)), C(ready_at) (the journal entry of C(The server is fired up and ready to roll!),
+      else when the unit turned active; C(ready_source) says which), C(fork_to_ready_s); times are seconds since
+      the epoch on the host's clock.
+  returned: when O(unit) is set
+  type: dict
+  sample: {"main_pid": 4242, "active_state": "active", "forked_at": 1764620000.12, "ready_at": 1764620031.9,
+           "fork_to_ready_s": 31.78, "ready_source": "engine log"}
+engine_restarted:
+  description: With O(unit), whether another engine process (or none) served the unit when the benchmark ended.
+  returned: when O(unit) is set
+  type: bool
+journal_tail:
+  description: With O(unit), the unit's last 30 journal lines, when a request failed or the engine restarted.
+  returned: when O(unit) is set and something failed
+  type: list
+  elements: str
 """
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402 - Ansible modules import after their docs
@@ -269,7 +317,15 @@ from ansible_collections.llmops.inference.plugins.module_utils.bench import (  #
     StreamingBenchClient,
     run_benchmark,
 )
-from ansible_collections.llmops.inference.plugins.module_utils.module_support import fail_refused_option  # noqa: E402
+from ansible_collections.llmops.inference.plugins.module_utils.engine_times import (  # noqa: E402
+    engine_times,
+    journal_tail,
+    same_engine,
+)
+from ansible_collections.llmops.inference.plugins.module_utils.module_support import (  # noqa: E402
+    command_runner,
+    fail_refused_option,
+)
 from ansible_collections.llmops.inference.plugins.module_utils.sglang import server_argument_spec  # noqa: E402
 
 SETTINGS_OPTIONS = (
@@ -285,6 +341,7 @@ SETTINGS_OPTIONS = (
     "repeats",
     "ignore_eos",
     "temperature",
+    "stop_on_failure",
 )
 
 ARGUMENT_SPEC = {
@@ -300,6 +357,8 @@ ARGUMENT_SPEC = {
     "request_timeout": {"type": "float", "default": 120},
     "warmup_requests": {"type": "int", "default": 1},
     "repeats": {"type": "int", "default": 1},
+    "stop_on_failure": {"type": "bool", "default": False},
+    "unit": {"type": "str"},
     "fail_on_errors": {"type": "bool", "default": True},
 }
 
@@ -320,8 +379,16 @@ def main():
             validate_certs=params["validate_certs"],
         )
 
+    run_command = command_runner(module)
+    engine = engine_times(run_command, params["unit"]) if params["unit"] else None
     result = run_benchmark(settings, client_factory)
     failed = result["failed_requests"] + result["warmup"]["failed_requests"]
+    if engine is not None:
+        result["engine"] = engine
+        after = engine_times(run_command, params["unit"], ready=False)
+        result["engine_restarted"] = not same_engine(engine, after)
+        if failed or result["engine_restarted"]:
+            result["journal_tail"] = journal_tail(run_command, params["unit"])
     summary = (
         f"sglang_bench: {result['completed']}/{result['num_prompts'] * settings.repeats} requests completed in "
         f"{result['duration']:.2f} s at concurrency {settings.concurrency}"

@@ -7,29 +7,37 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 module: sweep_report
-short_description: Plan a speculative-decoding sweep, record its points and write its reports (controller side)
+short_description: Plan a speculative-decoding sweep, record its load levels and write its reports (controller side)
 version_added: 0.1.0
 description:
   - The controller-side half of C(llmops.inference.spec_sweep); run it on the controller (C(delegate_to localhost)
     or a play on C(localhost)). It keeps the sweep's results directory O(results_dir).
   - O(action=plan) validates the sweep before any host is touched - the points (O(steps) with O(topk) and
-    O(draft_tokens), or O(grid)) against SGLang's rules for the EAGLE family, the counts, the benchmark
-    options, that the hosts are alike, and that O(results_dir) can be written - then starts a run in
-    C(sweep.json), skips the points already recorded when O(resume) is set, and assigns the others to the
-    hosts in turn (point I{i} to host I{i mod N}). Errors name the playbook variable (C(sweep_*)).
-  - O(action=record) writes one finished point (measured, or failed with its reason and the journal's tail)
-    to C(points/<id>.json), atomically, as soon as the point ends.
-  - O(action=report) writes C(results.json) (every raw benchmark run, the per-point summary, the best point,
-    this run's timing), C(results.csv) (one row per raw run), C(results.md) (a table with the median and MAD per
-    point, the best marked, and the failed points with their reasons) and, when matplotlib can be imported,
-    C(results.png) (tok/s and accept length against steps, failed points marked).
-  - The best point has the highest score = median tok/s - O(mad_penalty) x MAD over its runs; points within
-    O(tolerance) of the top score count as equal, and of those the one with the fewest steps (then the lowest
-    top-k, the fewest draft tokens) wins.
+    O(draft_tokens), or O(grid)) against SGLang 0.5.23's own argument checks for the EAGLE family (each rejected
+    combination is named with its rule and the SGLang source it follows, in RV(rejected)), the load levels
+    O(concurrency), the SLO, the counts, the benchmark options, that the hosts are alike, and that O(results_dir)
+    can be written - then starts a run in C(sweep.json), sizes each level's benchmark and time budget, skips the
+    point and level pairs already recorded when O(resume) is set, and assigns the points with something left to
+    measure to the hosts in turn (point I{i} to host I{i mod N}). Errors name the playbook variable (C(sweep_*)).
+  - O(action=budget) works out one host's load budget - how long a point's restart chain may take until its gate
+    passes - from the engine the host runs before the sweep (O(unit_status)), or O(load_timeout).
+  - O(action=record) writes one measured level (O(concurrency)) or several failed ones (O(levels)) to
+    C(points/<point id>/c<concurrency>.json), atomically, as soon as the level ends, and says in RV(stops_point)
+    whether the point's heavier levels are to be recorded as not run.
+  - O(action=report) writes C(results.json) (every level record with its raw runs and timestamps, the per-level
+    summary, the best point per level with its margin and spread, the robust and SLA choices, the Pareto frontier,
+    each rule in words, this run's timing), C(results.csv) (one row per raw run), C(results.md) (the same as
+    tables) and, when matplotlib can be imported, C(results.png) (tok/s against steps per load level) and
+    C(results-pareto.png) (tok/s per user against tok/s per GPU, frontier marked).
+  - Best per level - score = median tok/s - O(mad_penalty) x MAD over the repeat runs, points within O(tolerance)
+    of the top score count as equal and the fewest steps (then the lowest top-k, the fewest draft tokens) wins.
+    Robust choice - the point with the best worst case, over the load levels, of its median tok/s / that level's
+    best. SLA choice - with an SLO, the point with the highest median tok/s at the heaviest level at which it (and
+    every lighter level) meets every bound in every run.
 author:
   - llmops.inference contributors (@llmops)
 requirements:
-  - matplotlib on the controller for the plot (optional).
+  - matplotlib on the controller for the plots (optional).
 attributes:
   check_mode:
     support: full
@@ -47,7 +55,7 @@ options:
       - What to do; see the description.
     type: str
     required: true
-    choices: [plan, record, report]
+    choices: [plan, budget, record, report]
   results_dir:
     description:
       - The sweep's results directory on the controller (absolute path); created when missing.
@@ -74,6 +82,19 @@ options:
         product (top-k 1 points use steps + 1 draft tokens when other top-k values are in the grid), or a list of
         points C({steps, topk, draft_tokens}).
     type: raw
+  concurrency:
+    description:
+      - For O(action=plan). The load levels - requests in flight - at which every point is measured, an integer or
+        a list (measured in ascending order on one load of the point). Unset, the single level is
+        C(bench.concurrency) (default 8).
+    type: raw
+  slo:
+    description:
+      - For O(action=plan). Upper bounds in milliseconds for the SLA choice, keyed by a latency statistic of
+        M(llmops.inference.sglang_bench) - C(<mean|median|p90|p95|p99>_<ttft|tpot|itl|e2e_latency>_ms), for
+        example C(p99_tpot_ms=30). Empty - no SLA choice.
+    type: dict
+    default: {}
   algorithm:
     description:
       - For O(action=plan). The speculative algorithm the hosts run (recorded with the results, and checked to be
@@ -82,7 +103,16 @@ options:
   host_profiles:
     description:
       - For O(action=plan). Per host, the settings that must be alike across the swept hosts (for example model
-        path, tensor-parallel size, algorithm, GPUs); hosts that differ are an error.
+        path, tensor-parallel size, algorithm, GPUs); hosts that differ are an error. The GPU list (else the TP
+        size) gives the GPUs per engine for tok/s per GPU.
+    type: dict
+    default: {}
+  host_args:
+    description:
+      - For O(action=plan). Per host, the extra SGLang arguments it launches with (C(sglang_service_extra_args)),
+        checked against the points as SGLang would (C(--speculative-use-rejection-sampling),
+        C(--attention-backend trtllm_mha) and C(--page-size) > 1 allow only some top-k values) and for
+        C(--max-running-requests).
     type: dict
     default: {}
   hosts:
@@ -92,30 +122,32 @@ options:
     elements: str
   repeats:
     description:
-      - For O(action=plan). Benchmark runs per point.
+      - For O(action=plan). Benchmark runs per point and level.
     type: int
     default: 3
   warmup_requests:
     description:
-      - For O(action=plan). Warm-up requests before a point's first benchmark run.
+      - For O(action=plan). Warm-up requests before the first level each load measures.
     type: int
     default: 2
   bench:
     description:
-      - For O(action=plan). Options of M(llmops.inference.sglang_bench) for every run (C(num_prompts),
-        C(concurrency), C(max_new_tokens), C(prompt_set), C(random_input_len), C(seed), C(request_timeout),
-        C(ignore_eos), C(temperature)); recorded so a resumed sweep measures the same way.
+      - For O(action=plan). Options of M(llmops.inference.sglang_bench) for every run (C(num_prompts) - the
+        fewest requests per level and run, C(concurrency) - the level when O(concurrency) is unset,
+        C(max_new_tokens), C(prompt_set), C(random_input_len), C(seed), C(request_timeout), C(ignore_eos),
+        C(temperature)); recorded so a resumed sweep measures the same way.
     type: dict
     default: {}
   resume:
     description:
-      - For O(action=plan). Skip the points already recorded in O(results_dir) (which must come from a sweep
-        measured the same way). Without it, earlier results are moved to C(replaced-<time>/) in O(results_dir).
+      - For O(action=plan). Skip the point and level pairs already recorded in O(results_dir) (which must come from
+        a sweep measured the same way; points and levels may be added). Without it, earlier results are moved to
+        C(replaced-<time>/) in O(results_dir).
     type: bool
     default: false
   retry_failed:
     description:
-      - For O(action=plan) with O(resume). Run the points recorded as failed again.
+      - For O(action=plan) with O(resume). Measure the levels recorded as failed (or not run) again.
     type: bool
     default: false
   apply:
@@ -132,29 +164,57 @@ options:
     default: 1.0
   tolerance:
     description:
-      - For O(action=plan); recorded in C(sweep.json), where O(action=report) reads it. Points scoring within this
-        fraction of the top score count as equal, and the fewest steps wins among them.
+      - For O(action=plan); recorded in C(sweep.json), where O(action=report) reads it. Points within this fraction
+        of the top score (or worst ratio, or SLA throughput) count as equal, and the fewest steps wins among them.
     type: float
     default: 0.02
+  unit_status:
+    description:
+      - For O(action=budget). The engine unit's properties as C(ansible.builtin.systemd_service) returns them in
+        C(status) (C(ActiveState), C(ExecMainStartTimestampMonotonic), C(ActiveEnterTimestampMonotonic)).
+    type: dict
+  role_wait_s:
+    description:
+      - For O(action=budget). The role's own probe wait (C(sglang_service_probe_wait_timeout)), the most a budget
+        may be.
+    type: float
+  load_timeout:
+    description:
+      - For O(action=budget). A fixed load budget in seconds (the playbook's C(sweep_load_timeout)).
+    type: float
   run_id:
     description:
       - For O(action=record) and O(action=report). The run, as O(action=plan) returned it.
     type: str
   point:
     description:
-      - For O(action=record). The point as O(action=plan) returned it (C(id), C(steps), C(topk), C(draft_tokens)).
+      - For O(action=record). The point as O(action=plan) assigned it (C(id), C(steps), C(topk), C(draft_tokens)).
     type: dict
+  concurrency_level:
+    description:
+      - For O(action=record). The load level measured in O(benchmark).
+    type: int
+  levels:
+    description:
+      - For O(action=record). Instead of O(concurrency_level) - several levels recorded as failed at once (the point's
+        load failed, O(error) or O(not_run)).
+    type: list
+    elements: int
   host:
     description:
       - For O(action=record). The host that ran the point.
     type: str
+  point_started_at:
+    description:
+      - For O(action=record). When the point's load started (seconds since the epoch, controller clock).
+    type: float
   started_at:
     description:
-      - For O(action=record). When the point started (seconds since the epoch, controller clock).
+      - For O(action=record). When the level started (seconds since the epoch, controller clock).
     type: float
   finished_at:
     description:
-      - For O(action=record). When the point ended (seconds since the epoch, controller clock).
+      - For O(action=record). When the level ended (seconds since the epoch, controller clock).
     type: float
   apply_s:
     description:
@@ -170,7 +230,7 @@ options:
     type: dict
   benchmark:
     description:
-      - For O(action=record). The point's M(llmops.inference.sglang_bench) result (its C(runs) are the repeats).
+      - For O(action=record). The level's M(llmops.inference.sglang_bench) result (its C(runs) are the repeats).
     type: dict
   first_failure:
     description:
@@ -179,16 +239,21 @@ options:
     type: str
   error:
     description:
-      - For O(action=record). A task failure that ended the point (then it is recorded as failed with this reason).
+      - For O(action=record). A task failure that ended the point (then its levels are recorded as failed with this
+        reason).
+    type: str
+  not_run:
+    description:
+      - For O(action=record). Why the levels were not measured (the point failed at a lighter level).
     type: str
   journal:
     description:
-      - For O(action=record). The unit's last journal lines, kept with a failed point.
+      - For O(action=record). The unit's last journal lines, kept with a failed level.
     type: list
     elements: str
   plot:
     description:
-      - For O(action=report). Write C(results.png) when matplotlib can be imported.
+      - For O(action=report). Write the plots when matplotlib can be imported.
     type: bool
     default: true
 seealso:
@@ -196,15 +261,17 @@ seealso:
 """
 
 EXAMPLES = r"""
-- name: Plan a sweep of steps 1 to 8 over the group's hosts
+- name: Plan a sweep of steps 1 to 6 at three load levels over the group's hosts
   llmops.inference.sweep_report:
     action: plan
     results_dir: /srv/sweeps/qwen-eagle
-    steps: [1, 2, 3, 4, 5, 6, 7, 8]
+    steps: [1, 2, 3, 4, 5, 6]
+    concurrency: [1, 8, 32]
+    slo: {p99_tpot_ms: 30}
     algorithm: EAGLE
     hosts: "{{ query('inventory_hostnames', 'sglang') }}"
     repeats: 3
-    bench: {num_prompts: 32, concurrency: 8, max_new_tokens: 256}
+    bench: {num_prompts: 32, max_new_tokens: 256}
     resume: true
   delegate_to: localhost
   run_once: true
@@ -231,45 +298,123 @@ points:
   type: list
   elements: dict
   sample: [{"id": "steps003-topk01-draft004", "steps": 3, "topk": 1, "draft_tokens": 4}]
+levels:
+  description:
+    - The load levels with their benchmark size and budget (O(action=plan)) - C(concurrency), C(num_prompts) (per
+      run), C(waves) and C(budget_s), the most the level's benchmark task may take.
+  returned: success
+  type: list
+  elements: dict
+  sample: [{"concurrency": 8, "num_prompts": 32, "waves": 13, "budget_s": 1590.0}]
 done:
-  description: Ids of the points skipped because they are already recorded (O(action=plan) with O(resume)).
+  description: Ids of the points skipped because every level is recorded (O(action=plan) with O(resume)).
   returned: success
   type: list
   elements: str
+partial:
+  description: Per point with some levels recorded, those levels; only the others are measured (O(action=plan)).
+  returned: success
+  type: dict
 assignment:
-  description: Per host, the points it runs in this run (O(action=plan)).
+  description: Per host, the points it runs in this run, each with the C(levels) left to measure (O(action=plan)).
   returned: success
   type: dict
 definition:
   description: What is swept and how it is measured, as written to C(sweep.json) (O(action=plan)).
   returned: success
   type: dict
+level_warnings:
+  description: Load levels that SGLang would not run at their nominal concurrency (O(action=plan)).
+  returned: success
+  type: list
+  elements: str
+rejected:
+  description:
+    - On failure of O(action=plan), the combinations SGLang would reject or rewrite - C(point), C(rule),
+      C(reason) and C(source) (the file of the SGLang 0.5.23 wheel the rule follows).
+  returned: failure
+  type: list
+  elements: dict
 replaced:
   description: Where earlier results were moved (O(action=plan) without O(resume)), or null.
   returned: success
   type: str
-record:
-  description: The point's record (O(action=record)).
+load_budget_s:
+  description: The host's load budget in seconds (O(action=budget)); null - the role's own probe wait.
   returned: success
-  type: dict
-summary:
-  description: One row per point - medians, MAD, score, accept length, status, reason (O(action=report)).
+  type: float
+last_load_s:
+  description: The host's last load, fork to active, in seconds (O(action=budget)), or null.
+  returned: success
+  type: float
+source:
+  description: How RV(load_budget_s) was worked out (O(action=budget)).
+  returned: success
+  type: str
+records:
+  description: The level records written (O(action=record)).
   returned: success
   type: list
   elements: dict
-best:
-  description: The best point's row (O(action=report)), or null when no point was measured.
+status:
+  description: C(measured) or C(failed), of the (first) level recorded (O(action=record)).
+  returned: success
+  type: str
+stops_point:
+  description: When a level failed - the reason to record the point's heavier levels with as not run (O(action=record)).
+  returned: success
+  type: str
+summary:
+  description:
+    - One row per point and level (O(action=report)) - medians and MAD of output tok/s, score, tok/s per user and
+      per GPU, accept length, latency percentiles, status, stage, reason.
+  returned: success
+  type: list
+  elements: dict
+best_per_level:
+  description:
+    - Per load level (O(action=report)) - C(best) and C(runner_up) (point, median, MAD, runs, host), C(margin_tok_s),
+      C(margin_pct), C(spread_source), C(clear) (the margin exceeds both MADs together).
+  returned: success
+  type: list
+  elements: dict
+robust_choice:
+  description:
+    - The robust choice (O(action=report)) - C(point) (with C(worst_ratio), C(worst_at), C(ratios) per level), every
+      C(candidates) entry, C(reason) when there is none.
   returned: success
   type: dict
+sla_choice:
+  description:
+    - The SLA choice (O(action=report)), null without an SLO - C(slo), C(point) (with C(heaviest_concurrency),
+      C(output_throughput_median), C(values)), C(candidates), C(reason) when no point meets the SLO.
+  returned: success
+  type: dict
+choice:
+  description:
+    - What C(sweep_apply=best) applies (O(action=report)) - C(rule) (C(sla) with an SLO, else C(robust)),
+      C(point) (null - nothing qualifies) and C(reason).
+  returned: success
+  type: dict
+pareto:
+  description:
+    - Every measured point and level as C(output_throughput_per_user) and C(output_throughput_per_gpu), with
+      C(frontier) true on the Pareto frontier (O(action=report)).
+  returned: success
+  type: list
+  elements: dict
 timing:
   description:
-    - This run's timing (O(action=report)) - C(sweep_wall_s) (first point start to last point end, all hosts),
-      C(load_bench_sum_s) (sum of every point's restart-chain and benchmark time), C(overhead_ratio) (their
-      quotient), C(run_wall_s) (plan to report).
+    - This run's timing (O(action=report)) - C(sweep_wall_s) (first load start to last level end, all hosts),
+      C(engine_time_s) (each load's fork-to-ready from the engine's log plus every level's benchmark) and
+      C(engine_ratio) (their quotient, also C(per_host)), C(load_bench_sum_s) and C(overhead_ratio) (the same with
+      the restart chains' time), C(engine_loads) and C(loads_per_point) (engine processes that served measured
+      levels), C(run_wall_s) (plan to report).
   returned: success
   type: dict
 files:
-  description: The report files written (O(action=report)), by kind (C(json), C(csv), C(markdown), C(png)).
+  description:
+    - The report files written (O(action=report)), by kind (C(json), C(csv), C(markdown), C(png), C(pareto_png)).
   returned: success
   type: dict
 plot_skipped:
@@ -286,21 +431,25 @@ import time  # noqa: E402
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 
 from ansible_collections.llmops.inference.plugins.module_utils.sweep_actions import (  # noqa: E402
+    host_budget,
     plan_sweep,
-    record_point,
+    record_levels,
     write_reports,
 )
 from ansible_collections.llmops.inference.plugins.module_utils.sweep_plan import SweepInputError  # noqa: E402
 
 ARGUMENT_SPEC = {
-    "action": {"type": "str", "required": True, "choices": ["plan", "record", "report"]},
+    "action": {"type": "str", "required": True, "choices": ["plan", "budget", "record", "report"]},
     "results_dir": {"type": "path", "required": True},
     "steps": {"type": "raw"},
     "topk": {"type": "raw", "default": 1},
     "draft_tokens": {"type": "raw", "no_log": False},
     "grid": {"type": "raw"},
+    "concurrency": {"type": "raw"},
+    "slo": {"type": "dict", "default": {}},
     "algorithm": {"type": "str"},
     "host_profiles": {"type": "dict", "default": {}},
+    "host_args": {"type": "dict", "default": {}},
     "hosts": {"type": "list", "elements": "str"},
     "repeats": {"type": "int", "default": 3},
     "warmup_requests": {"type": "int", "default": 2},
@@ -310,9 +459,15 @@ ARGUMENT_SPEC = {
     "apply": {"type": "str", "default": "original", "choices": ["original", "best"]},
     "mad_penalty": {"type": "float", "default": 1.0},
     "tolerance": {"type": "float", "default": 0.02},
+    "unit_status": {"type": "dict"},
+    "role_wait_s": {"type": "float"},
+    "load_timeout": {"type": "float"},
     "run_id": {"type": "str"},
     "point": {"type": "dict"},
+    "concurrency_level": {"type": "int"},
+    "levels": {"type": "list", "elements": "int"},
     "host": {"type": "str"},
+    "point_started_at": {"type": "float"},
     "started_at": {"type": "float"},
     "finished_at": {"type": "float"},
     "apply_s": {"type": "float"},
@@ -320,12 +475,14 @@ ARGUMENT_SPEC = {
     "gate": {"type": "dict"},
     "benchmark": {"type": "dict"},
     "error": {"type": "str"},
+    "not_run": {"type": "str"},
     "first_failure": {"type": "str"},
     "journal": {"type": "list", "elements": "str"},
     "plot": {"type": "bool", "default": True},
 }
 REQUIRED_BY_ACTION = {
     "plan": ["hosts"],
+    "budget": [],
     "record": ["run_id", "point", "host", "started_at", "finished_at"],
     "report": [],
 }
@@ -338,7 +495,7 @@ def main():
     missing = [name for name in REQUIRED_BY_ACTION[action] if params[name] is None]
     if missing:
         module.fail_json(msg=f"action={action} needs {', '.join(missing)}", changed=False)
-    write = not module.check_mode
+    write = not module.check_mode and action != "budget"
     try:
         if action == "plan":
             run = {"run_id": time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(3)}
@@ -348,15 +505,21 @@ def main():
                 f"{sum(len(points) for points in result['assignment'].values())} to run on "
                 f"{len(result['assignment'])} host(s)"
             )
+        elif action == "budget":
+            result = host_budget(params)
+            shown = "the role's probe wait" if result["load_budget_s"] is None else f"{result['load_budget_s']:.0f} s"
+            msg = f"load budget {shown} ({result['source']})"
         elif action == "record":
-            result = record_point(params, write=write)
-            msg = f"point {params['point'].get('id')}: {result['record']['status']}"
+            result = record_levels(dict(params, concurrency=params["concurrency_level"]), write=write)
+            levels = ", ".join(str(record["concurrency"]) for record in result["records"])
+            msg = f"point {params['point'].get('id')} at concurrency {levels}: {result['status']}"
         else:
             result = write_reports(params, time.time(), write=write)
-            best = result["best"]
-            msg = f"best: {best['id']} at {best['output_throughput_median']:.1f} tok/s" if best else "no point measured"
+            choice = result["choice"]
+            picked = choice["point"]["id"] if choice["point"] else f"none ({choice['reason']})"
+            msg = f"{choice['rule']} choice: {picked}"
     except SweepInputError as exc:
-        module.fail_json(msg=str(exc), variable=exc.variable, changed=False)
+        module.fail_json(msg=str(exc), variable=exc.variable, rejected=exc.rejected, changed=False)
     except OSError as exc:
         module.fail_json(msg=f"results_dir {params['results_dir']}: {exc}", changed=False)
     result["results_dir"] = os.path.normpath(params["results_dir"])

@@ -257,6 +257,7 @@ def test_run_benchmark_prepares_one_client_per_request_in_flight(server):
     assert result["completed"] == 12
     assert len(made) == 3
     assert all(client._session is not None for client in made)
+    assert len({id(client._session) for client in made}) == 1  # one TLS context for the pool, not one each
 
 
 def test_run_benchmark_counts_failures_per_run(server):
@@ -303,3 +304,49 @@ def test_prompts_are_deterministic():
     assert first != random_prompts(4, input_len=20, seed=4)
     assert all(len(prompt.split()) == 20 for prompt in first)
     assert len({prompt.split()[0] for prompt in first}) == 4
+
+
+def test_run_requests_stops_sending_after_the_first_failure():
+    sent = []
+
+    def send(prompt):
+        sent.append(prompt)
+        if prompt == "c":
+            return RequestResult(False, error="timed out")
+        time.sleep(0.01)
+        return RequestResult(True, completion_tokens=1)
+
+    results, _duration = run_requests(send, list("abcdefgh"), concurrency=1, stop_on_failure=True)
+    assert sent == ["a", "b", "c"]
+    assert [result.success for result in results] == [True, True, False]
+    everything, _duration = run_requests(send, list("abcd"), concurrency=1)
+    assert len(everything) == 4
+
+
+def test_a_hanging_server_costs_one_request_timeout_with_stop_on_failure(server):
+    server.routes["/generate"] = hang_route()
+    settings = BenchSettings(
+        url=server.url, num_prompts=6, concurrency=2, warmup_requests=0, repeats=3, request_timeout=0.4,
+        stop_on_failure=True,
+    ).validate()  # fmt: skip
+    started = time.monotonic()
+    result = run_benchmark(settings, lambda: StreamingBenchClient(settings.url))
+    elapsed = time.monotonic() - started
+    # without stopping: 3 runs x 3 waves x 0.4 s; stopping: the first wave's two requests time out together
+    assert elapsed < 1.5, elapsed
+    assert (result["failed_requests"], result["unsent_requests"], result["stopped_early"]) == (2, 4 + 2 * 6, True)
+    assert len(result["runs"]) == 1
+    assert "0.4 s" in result["errors"][0]["error"]
+
+
+def test_each_run_records_when_its_requests_started_and_ended_and_the_rate_per_user(server):
+    server.routes["/generate"] = stream_route(chunks(2, 4), gap=0.02)
+    ticks = iter(range(100, 200))
+    settings = BenchSettings(url=server.url, num_prompts=2, concurrency=2, warmup_requests=0, repeats=2).validate()
+    result = run_benchmark(settings, lambda: StreamingBenchClient(settings.url), wall=lambda: float(next(ticks)))
+    assert [(run["started_at"], run["ended_at"]) for run in result["runs"]] == [(100.0, 101.0), (102.0, 103.0)]
+    assert (result["started_at"], result["ended_at"]) == (100.0, 103.0)  # first start, last end
+    run = result["runs"][0]
+    # each request: 4 tokens over its E2E latency; the server's rate is the sum over the duration
+    assert 0 < run["output_throughput_per_user"] < run["output_throughput"]
+    assert result["unsent_requests"] == 0 and result["stopped_early"] is False

@@ -81,3 +81,16 @@ def test_bad_options_are_named(capsys, fake_run):
     assert result["option"] == "concurrency"
     assert result["msg"] == "concurrency: must be an integer >= 1, got 0"
     assert "settings" not in fake_run
+
+
+def test_with_a_unit_the_result_names_the_engine_and_a_restart(capsys, fake_run, monkeypatch):
+    readings = iter([{"main_pid": 10, "forked_at": 1.0}, {"main_pid": 11, "forked_at": 9.0}])
+    monkeypatch.setattr(sglang_bench, "engine_times", lambda run, unit, **_kw: dict(next(readings), unit=unit))
+    monkeypatch.setattr(sglang_bench, "journal_tail", lambda run, unit: [f"{unit}: Killed"])
+    result = run_module(capsys, sglang_bench, {"unit": "sglang.service", "stop_on_failure": True})
+    assert fake_run["settings"].stop_on_failure is True
+    assert result["engine"] == {"main_pid": 10, "forked_at": 1.0, "unit": "sglang.service"}
+    assert result["engine_restarted"] is True
+    assert result["journal_tail"] == ["sglang.service: Killed"]
+    plain = run_module(capsys, sglang_bench, {})
+    assert "engine" not in plain and "journal_tail" not in plain

@@ -36,3 +36,30 @@ def test_sweep_report_names_the_variable_and_the_missing_options(capsys, tmp_pat
     assert bad["variable"] == "sweep_steps"
     missing = run_module(capsys, {"action": "record", "results_dir": str(tmp_path)})
     assert missing["msg"] == "action=record needs run_id, point, host, started_at, finished_at"
+
+
+def test_sweep_report_returns_each_rejected_combination(capsys, tmp_path):
+    bad = run_module(
+        capsys,
+        {"action": "plan", "results_dir": str(tmp_path), "grid": [{"steps": 1, "topk": 4, "draft_tokens": 8}],
+         "algorithm": "EAGLE", "hosts": ["a"]},
+    )  # fmt: skip
+    assert bad["failed"] is True and bad["variable"] == "sweep_grid"
+    assert bad["rejected"] == [
+        {
+            "point": {"steps": 1, "topk": 4, "draft_tokens": 8},
+            "rule": "draft-above-tree",
+            "reason": bad["rejected"][0]["reason"],
+            "source": "srt/speculative/eagle_utils.py organize_draft_results; srt/speculative/spec_utils.py",
+        }
+    ]
+    assert not (tmp_path / "sweep.json").exists()
+
+
+def test_sweep_report_budget_changes_nothing(capsys, tmp_path):
+    status = {"ActiveState": "active", "ExecMainStartTimestampMonotonic": "0", "ActiveEnterTimestampMonotonic": "9"}
+    result = run_module(capsys, {"action": "budget", "results_dir": str(tmp_path), "unit_status": status,
+                                 "role_wait_s": 300, "load_timeout": 42})  # fmt: skip
+    assert result["changed"] is False
+    assert result["load_budget_s"] == 42.0
+    assert result["msg"] == "load budget 42 s (sweep_load_timeout)"
