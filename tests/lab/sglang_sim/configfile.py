@@ -60,9 +60,10 @@ def _scalar(text: str, path: str, number: int):
         if "\\" in inner:
             raise _unsupported(path, number, "escape sequences in double-quoted strings")
         return inner
-    if text[:1] in "'\"":
+    first = text[:1]
+    if first and first in "'\"":
         raise _unsupported(path, number, "an unterminated quoted string")
-    if text[:1] in "&*!|>{@`%":
+    if first and first in "&*!|>{@`%":
         raise _unsupported(path, number, f"{text[:1]!r} (anchors, tags, block scalars, mappings)")
     if text in NULLS:
         return None

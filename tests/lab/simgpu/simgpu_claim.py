@@ -148,6 +148,7 @@ def zombie(state_dir, device, mib, force):
     """A claim held by a zombie: the child exits, this process (its parent) never reaps it and stays."""
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # SIG_IGN would make the kernel reap it at once
     child = _child_holder(state_dir, device, mib, force, [state.FLAG_ZOMBIE])
+    os.waitid(os.P_PID, child, os.WEXITED | os.WNOWAIT)  # wait until it has exited, without reaping it
     signal.signal(signal.SIGTERM, lambda _s, _f: sys.exit(0))
     print(
         f"zombie PID {child} holds {mib} MiB on GPU {device}; its parent PID {os.getpid()} never reaps it",

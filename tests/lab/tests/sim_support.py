@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -71,6 +72,11 @@ def install_ninja(bin_dir: Path) -> None:
 
 @pytest.fixture
 def lab_env(tmp_path) -> dict:
+    return make_lab_env(tmp_path)
+
+
+def make_lab_env(tmp_path: Path) -> dict:
+    """The environment of a simulated server: fake sglang, simgpu state, the venv's ninja, a private JIT cache."""
     site = tmp_path / "site"
     write_fake_sglang(site)
     state = tmp_path / "simgpu"
@@ -133,6 +139,18 @@ class Sim:
             text=True,
             start_new_session=True,
         )
+        # Read the log as it comes, so a chatty server never blocks on a full pipe.
+        self._log: list[str] = []
+        self._reader = threading.Thread(target=self._read_log, daemon=True)
+        self._reader.start()
+
+    def _read_log(self) -> None:
+        for line in self.proc.stderr:
+            self._log.append(line)
+
+    @property
+    def log(self) -> str:
+        return "".join(self._log)
 
     def get(self, path: str, **kwargs):
         return http("GET", self.url + path, **kwargs)
@@ -143,7 +161,7 @@ class Sim:
     def wait_healthy(self, timeout: float = 20) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            assert self.proc.poll() is None, f"sim exited {self.proc.returncode}:\n{self.proc.stderr.read()}"
+            assert self.proc.poll() is None, f"sim exited {self.proc.returncode}:\n{self.log}"
             try:
                 if self.get("/ready", timeout=1)[0] == 200:
                     return
@@ -155,7 +173,7 @@ class Sim:
     def wait_listening(self, timeout: float = 20) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            assert self.proc.poll() is None, f"sim exited {self.proc.returncode}:\n{self.proc.stderr.read()}"
+            assert self.proc.poll() is None, f"sim exited {self.proc.returncode}:\n{self.log}"
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=1):
                     return
@@ -164,8 +182,9 @@ class Sim:
         raise AssertionError("sim never listened")
 
     def finish(self, timeout: float = 30) -> tuple[int, str]:
-        _stdout, err = self.proc.communicate(timeout=timeout)
-        return self.proc.returncode, err
+        self.proc.wait(timeout=timeout)
+        self._reader.join(timeout=10)
+        return self.proc.returncode, self.log
 
     def children(self) -> dict[int, str]:
         """PID -> cmdline of this server's live processes (its process group) except the main process."""
@@ -186,7 +205,8 @@ class Sim:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        self.proc.communicate(timeout=10)
+        self.proc.wait(timeout=10)
+        self._reader.join(timeout=10)
 
 
 @pytest.fixture
@@ -194,7 +214,8 @@ def start(lab_env):
     sims = []
 
     def launch(*argv: str, env: dict | None = None, healthy: bool = True) -> Sim:
-        sim = Sim({**lab_env, **(env or {})}, list(argv))
+        merged = {k: v for k, v in {**lab_env, **(env or {})}.items() if v is not None}  # None: unset it
+        sim = Sim(merged, list(argv))
         sims.append(sim)
         if healthy:
             sim.wait_healthy()
@@ -207,7 +228,11 @@ def start(lab_env):
 
 def claims(env: dict) -> dict[str, int]:
     folder = Path(env["SIMGPU_STATE_DIR"]) / "claims"
-    return {p.name: int(p.read_text()) for p in folder.iterdir() if p.name.startswith("gpu")}
+    return {
+        p.name: int(p.read_text().split()[0])
+        for p in folder.iterdir()
+        if p.name.startswith("gpu") and not p.name.endswith(".exit")
+    }
 
 
 def events(raw: bytes) -> list[str]:
