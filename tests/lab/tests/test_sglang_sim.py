@@ -534,3 +534,71 @@ def test_title_is_argv0_in_cmdline_and_comm():
     finally:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
+
+
+# -- the speculative model under load, and the README's tables ------------------------------------------------------
+README = LAB_DIR / "README.md"
+
+
+def readme_table(heading: str) -> list[list[str]]:
+    """The rows of the first Markdown table after the line that starts with `heading`."""
+    lines = README.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(heading))
+    rows = []
+    for line in lines[start + 1 :]:
+        if not line.startswith("|"):
+            if rows:
+                break
+            continue
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        if not set("".join(cells)) <= set("-: "):
+            rows.append(cells)
+    return rows[1:]
+
+
+def test_the_best_step_count_falls_as_the_batch_grows_with_defaults():
+    assert specmodel.best_steps(EAGLE, 1) == 4
+    assert specmodel.best_steps(EAGLE, 8) == 3
+    assert specmodel.best_steps(EAGLE, 32) == 2
+
+    def margin(running: int) -> float:
+        values = sorted((specmodel.throughput(s, 1, s + 1, EAGLE, running) for s in range(1, 9)), reverse=True)
+        return values[0] / values[1] - 1
+
+    assert margin(1) > 0.01 and margin(32) > 0.02  # a clear winner at both ends
+
+
+def test_step_cost_grows_with_the_batch_and_verify_tokens_most():
+    plain = [specmodel.plain_step_cost(n) for n in (1, 8, 32)]
+    assert plain == sorted(plain) and plain[0] == 1.0
+    cheap, deep = (specmodel.step_cost(*chain(s), EAGLE, running=32) for s in (2, 6))
+    assert deep - cheap > specmodel.step_cost(*chain(6), EAGLE) - specmodel.step_cost(*chain(2), EAGLE)
+
+
+def test_readme_single_request_table_is_the_model():
+    rows = readme_table("EAGLE with defaults, one request")
+    assert [int(r[0]) for r in rows] == list(range(1, 11))
+    for row in rows:
+        steps = int(row[0])
+        expected = [
+            str(steps + 1),
+            f"{specmodel.accept_length(*chain(steps), EAGLE):.2f}",
+            f"{specmodel.step_cost(*chain(steps), EAGLE):.3f}",
+            f"{specmodel.speedup(*chain(steps), EAGLE):.2f}",
+            str(256 + specmodel.draft_memory_mib(*chain(steps), 768, 1200)),
+        ]
+        assert row[1:6] == expected, row
+        assert row[6].startswith("yes" if 256 + specmodel.draft_memory_mib(*chain(steps), 768, 1200) < 12233 else "no")
+
+
+def test_readme_concurrency_table_is_the_model():
+    rows = readme_table("Batch throughput relative to steps 1")
+    columns = [1, 2, 4, 8, 16, 32, 64]
+    for row in rows[:-1]:
+        steps = int(row[0])
+        expected = [
+            f"{specmodel.throughput(*chain(steps), EAGLE, c) / specmodel.throughput(*chain(1), EAGLE, c):.3f}"
+            for c in columns
+        ]
+        assert row[1:] == expected, row
+    assert rows[-1] == ["best", *(str(specmodel.best_steps(EAGLE, c)) for c in columns)]
