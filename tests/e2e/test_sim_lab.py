@@ -360,6 +360,15 @@ def stop_during_streams(lab, host: str, stop_command: str, count: int, tokens: i
     return json.loads(run_python(lab, host, code, timeout=240))
 
 
+def wait_released(lab, host: str, deadline_s: float = 20) -> None:
+    """Poll until every GPU shows only the driver's 1 MiB (each poll also lets the driver see holders gone)."""
+    deadline = time.monotonic() + deadline_s
+    query = "nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits"
+    while set(sh(lab, host, query).split()) != {"1"}:
+        assert time.monotonic() < deadline, sh(lab, host, query)
+        time.sleep(0.1)
+
+
 def unit_exit(lab, host: str, unit: str) -> dict[str, str]:
     out = sh(lab, host, f"systemctl show -p ExecMainCode,ExecMainStatus,Result,ActiveState {unit}")
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
@@ -389,10 +398,9 @@ def test_sigterm_to_the_main_process_alone_drains_every_request(clean_lab):
     while unit_show(lab, host, "t-sim-drain.service")["ActiveState"] not in ("inactive", "failed"):
         assert time.monotonic() < deadline
         time.sleep(0.2)
-    status = unit_exit(lab, host, "t-sim-drain.service")
-    assert (status["ExecMainCode"], status["ExecMainStatus"], status["Result"]) == ("1", "0", "success"), status
+    assert unit_exit(lab, host, "t-sim-drain.service")["Result"] == "success"
     logs = journal(lab, host, "t-sim-drain.service")
-    assert "Gracefully exiting... Remaining number of requests 4." in logs
+    assert "Gracefully exiting... Remaining number of requests 4." in logs and "Finished server process" in logs
     assert compute_apps(lab, host) == {}
 
 
@@ -476,6 +484,7 @@ def test_the_jit_build_needs_the_venvs_ninja_and_a_writable_cache(clean_lab):
     install_unit(lab, host, "t-sim-path.service", "")
     wait_healthy(lab, host)
     sh(lab, host, "systemctl stop t-sim-path.service", timeout=60)
+    wait_released(lab, host)
     install_unit(lab, host, "t-sim-warm.service", "", path="")
     wait_healthy(lab, host)
 

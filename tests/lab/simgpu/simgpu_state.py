@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import math
 import os
 import re
 import tempfile
@@ -255,6 +256,7 @@ def mark_exit(directory: Path | None, claim_file: str, when: float | None = None
         return _read_exit_time(path)
     except OSError:
         return None
+    stamp = math.floor(stamp * 1000) / 1000  # milliseconds, rounded down: never in the future
     with os.fdopen(fd, "w") as handle:
         handle.write(f"{stamp:.3f}\n")
     return stamp
@@ -316,7 +318,7 @@ def write_claim(directory: Path | None, gpu: int, mig: int | None, pid: int, mib
     folder = claims_dir(directory)
     folder.mkdir(parents=True, exist_ok=True)
     name = claim_name(gpu, mig, pid)
-    with contextlib.suppress(FileNotFoundError):
+    with contextlib.suppress(OSError):
         os.unlink(folder / (name + EXIT_SUFFIX))
     content = " ".join([str(int(mib)), *sorted(flags)])
     write_atomically(folder / name, content + "\n")

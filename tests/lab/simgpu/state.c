@@ -314,7 +314,8 @@ static double exit_time(int dir_fd, const char *name, int create)
     if (create) {
         int fd = openat(dir_fd, marker, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
         if (fd >= 0) {
-            double now = now_seconds();
+            /* whole milliseconds, rounded down (truncation: the time is positive), so never in the future */
+            double now = (double)(long long)(now_seconds() * 1000.0) / 1000.0;
             int len = snprintf(text, sizeof(text), "%.3f\n", now);
             ssize_t written = write(fd, text, (size_t)len);
             close(fd);
