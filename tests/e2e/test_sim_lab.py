@@ -429,8 +429,8 @@ def test_two_engines_on_their_own_gpus_of_four(clean_lab):
 
 
 def unit_of(lab, host: str, pid: int) -> str:
-    cgroup = sh(lab, host, f"cat /proc/{pid}/cgroup")
-    return next(part for part in cgroup.replace(":", "/").split("/") if part.endswith(".service"))
+    paths = [line.split(":", 2)[2] for line in sh(lab, host, f"cat /proc/{pid}/cgroup").splitlines()]
+    return next(part for path in paths for part in path.split("/") if part.endswith(".service"))
 
 
 def test_a_mig_device_is_listed_and_used_like_a_gpu(clean_lab):
