@@ -1,8 +1,9 @@
-"""Lab acceptance of the simulated SGLang engine (issue 3) on a lab host under real systemd.
+"""The simulated SGLang engine on a lab host under real systemd, as SGLang 0.5.23 behaves there.
 
 The sim runs as a systemd unit with /opt/sglang/venv/bin/python -m sglang_sim.launch_server, next to the
 real sglang 0.5.23 sources, real nvidia-ml-py and the simulated libnvidia-ml / nvidia-smi.
-Run: LLMOPS_LAB_NAME=sim LLMOPS_LAB_HOSTS=1 .venv/bin/python -m pytest tests/e2e/test_sim_lab.py -s
+Run (4 GPUs for the placement test): LLMOPS_LAB_NAME=sim LLMOPS_LAB_HOSTS=1 LLMOPS_LAB_GPUS=4 \
+    .venv/bin/python -m pytest tests/e2e/test_sim_lab.py -m lab
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ VENV_PYTHON = "/opt/sglang/venv/bin/python"
 SITE_PACKAGES = "/opt/sglang/venv/lib/python3.11/site-packages"
 PATCH_TARGET = f"{SITE_PACKAGES}/sglang/srt/utils/common.py"
 PORT = 30000
+# SGLang's JIT kernels run a bare `ninja` from the venv's bin/: a unit must put it on PATH.
+VENV_PATH = "Environment=PATH=/opt/sglang/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin\n"
 BASE_FLAGS = (
     "--model-path org/sim-model --host 0.0.0.0 --port 30000 --sim-load-time 2 --sim-warmup-time 0.5 "
     "--sim-token-latency-ms 1"
@@ -77,14 +80,20 @@ def sh(lab, host: str, command: str, timeout: float = 120) -> str:
     return proc.stdout
 
 
-def install_unit(lab, host: str, name: str, flags: str, service: str = "", start: bool = True) -> None:
-    unit = textwrap.dedent(f"""\
+def install_unit(
+    lab, host: str, name: str, flags: str, service: str = "", start: bool = True, path: str = VENV_PATH
+) -> None:
+    unit = (
+        textwrap.dedent(f"""\
         [Unit]
         Description=sglang_sim lab acceptance ({name})
 
         [Service]
         ExecStart={VENV_PYTHON} -m sglang_sim.launch_server {BASE_FLAGS} {flags}
-        """) + textwrap.dedent(service)
+        """)
+        + path
+        + textwrap.dedent(service)
+    )
     command = f"cat > /etc/systemd/system/{name} <<'UNIT'\n{unit}UNIT\nsystemctl daemon-reload"
     if start:
         command += f" && systemctl start {name}"
@@ -141,10 +150,10 @@ def test_tp2_unit_holds_gpu_memory_and_generates(clean_lab):
     assert "sglang::detokenizer" in sh(lab, host, "pgrep -a -f '^sglang::detokenizer'")
 
     gpus = gpus_via_pynvml(lab, host)
-    assert len(gpus) == 2
+    assert len(gpus) >= 2
     held = {int(pid): mib for gpu in gpus for pid, mib in gpu["processes"].items()}
     assert set(held) == set(schedulers)
-    assert all(mib > 60000 for mib in held.values()) and all(gpu["used_mib"] > 60000 for gpu in gpus)
+    assert all(mib > 60000 for mib in held.values()) and all(gpu["used_mib"] > 60000 for gpu in gpus[:2])
     assert compute_apps(lab, host) == held
 
     timings = json.loads(
@@ -243,11 +252,25 @@ def test_failure_1_orphaned_schedulers_cause_an_oom_restart_loop(clean_lab):
 def test_failure_2_never_loaded_model_looks_active(clean_lab):
     lab, host = clean_lab, clean_lab.hosts[0]
     install_unit(lab, host, "t-sim-noload.service", "--tp-size 2", service="Environment=SGLANG_SIM_FAULTS=never-load\n")
-    wait_healthy(lab, host)
+    out = run_python(
+        lab,
+        host,
+        HOST_HTTP
+        + textwrap.dedent("""
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if call("/v1/models", timeout=2)[0] == 200:
+                    break
+            except OSError:
+                time.sleep(0.1)
+        time.sleep(1.5)  # past the warm-up's start: it never finishes, so /health stays 503
+        print(json.dumps([call("/v1/models")[0], call("/health", timeout=5)[0]]))
+    """),
+    )
+    assert json.loads(out) == [200, 503]
     assert sh(lab, host, "systemctl is-active t-sim-noload.service").strip() == "active"
-    status, text = http(lab, host, "/v1/models")
-    assert status == 200 and json.loads(text)["data"][0]["id"] == "org/sim-model"
-    assert [gpu["used_mib"] for gpu in gpus_via_pynvml(lab, host)] == [1, 1]
+    assert [gpu["used_mib"] for gpu in gpus_via_pynvml(lab, host)][:2] == [1, 1]
     assert compute_apps(lab, host) == {}
     out = run_python(
         lab,
@@ -291,3 +314,233 @@ def wait_failed(lab, host: str, unit: str, deadline_s: float = 60) -> None:
             return
         time.sleep(0.2)
     raise AssertionError(f"{unit} did not fail: {state}")
+
+
+STREAM = textwrap.dedent(f"""
+    import http.client, json, sys, threading, time
+    results = {{}}
+
+    def stream(key, tokens):
+        conn = http.client.HTTPConnection("127.0.0.1", {PORT}, timeout=120)
+        try:
+            body = json.dumps({{"text": "Lab", "stream": True, "sampling_params": {{"max_new_tokens": tokens}}}})
+            conn.request("POST", "/generate", body, {{"content-type": "application/json"}})
+            response = conn.getresponse()
+            last, done = 0, False
+            for raw in response:
+                line = raw.decode().strip()
+                if line == "data: [DONE]":
+                    done = True
+                elif line.startswith("data: "):
+                    last = json.loads(line[6:])["meta_info"]["completion_tokens"]
+                    results.setdefault(key + ":started", True)
+            results[key] = [response.status, last, done]
+        except Exception as exc:
+            results[key] = repr(exc)
+        finally:
+            conn.close()
+""")
+
+
+def stop_during_streams(lab, host: str, stop_command: str, count: int, tokens: int) -> dict:
+    """Start `count` streamed generations, run `stop_command` once all stream, wait for the streams to end."""
+    code = STREAM + textwrap.dedent(f"""
+        import subprocess
+        workers = [threading.Thread(target=stream, args=(f"r{{i}}", {tokens})) for i in range({count})]
+        for worker in workers:
+            worker.start()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not all(f"r{{i}}:started" in results for i in range({count})):
+            time.sleep(0.01)
+        subprocess.run({stop_command!r}, shell=True, check=False)
+        for worker in workers:
+            worker.join(120)
+        print(json.dumps({{k: v for k, v in results.items() if not k.endswith(":started")}}))
+    """)
+    return json.loads(run_python(lab, host, code, timeout=240))
+
+
+def wait_released(lab, host: str, deadline_s: float = 20) -> None:
+    """Poll until every GPU shows only the driver's 1 MiB (each poll also lets the driver see holders gone)."""
+    deadline = time.monotonic() + deadline_s
+    query = "nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits"
+    while set(sh(lab, host, query).split()) != {"1"}:
+        assert time.monotonic() < deadline, sh(lab, host, query)
+        time.sleep(0.1)
+
+
+def unit_exit(lab, host: str, unit: str) -> dict[str, str]:
+    out = sh(lab, host, f"systemctl show -p ExecMainCode,ExecMainStatus,Result,ActiveState {unit}")
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def test_a_control_group_stop_drops_every_request_in_flight(clean_lab):
+    """KillMode=control-group sends SIGTERM to every process: the children die, the watchdog kills the tree."""
+    lab, host = clean_lab, clean_lab.hosts[0]
+    install_unit(lab, host, "t-sim-stop.service", "--tp-size 2 --sim-token-latency-ms 10")
+    wait_healthy(lab, host)
+    results = stop_during_streams(lab, host, "systemctl stop t-sim-stop.service", count=4, tokens=600)
+    assert all(not isinstance(r, list) or not r[2] for r in results.values()), results  # every stream was cut
+    status = unit_exit(lab, host, "t-sim-stop.service")
+    assert (status["ExecMainCode"], status["ExecMainStatus"]) == ("2", "9"), status  # killed by SIGKILL
+    logs = journal(lab, host, "t-sim-stop.service")
+    assert "crashed with exit code -15. Triggering SIGQUIT for cleanup..." in logs
+
+
+def test_sigterm_to_the_main_process_alone_drains_every_request(clean_lab):
+    lab, host = clean_lab, clean_lab.hosts[0]
+    install_unit(lab, host, "t-sim-drain.service", "--tp-size 2 --sim-token-latency-ms 10")
+    wait_healthy(lab, host)
+    stop = "systemctl kill --kill-whom=main --signal=SIGTERM t-sim-drain.service"
+    results = stop_during_streams(lab, host, stop, count=4, tokens=600)
+    assert results == {f"r{i}": [200, 600, True] for i in range(4)}, results
+    deadline = time.monotonic() + 30
+    while unit_show(lab, host, "t-sim-drain.service")["ActiveState"] not in ("inactive", "failed"):
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    assert unit_exit(lab, host, "t-sim-drain.service")["Result"] == "success"
+    logs = journal(lab, host, "t-sim-drain.service")
+    assert "Gracefully exiting... Remaining number of requests 4." in logs and "Finished server process" in logs
+    assert compute_apps(lab, host) == {}
+
+
+def test_two_engines_on_their_own_gpus_of_four(clean_lab):
+    lab, host = clean_lab, clean_lab.hosts[0]
+    if len(gpus_via_pynvml(lab, host)) < 4:
+        pytest.skip("needs a lab with 4 GPUs per host (LLMOPS_LAB_GPUS=4)")
+    install_unit(lab, host, "t-sim-a.service", "--tp-size 2", service="Environment=CUDA_VISIBLE_DEVICES=0,1\n")
+    install_unit(
+        lab,
+        host,
+        "t-sim-b.service",
+        "--tp-size 2 --port 30001",
+        service="Environment=CUDA_VISIBLE_DEVICES=2,3\n",
+    )
+    wait_healthy(lab, host)
+    run_python(lab, host, HOST_HTTP.replace(str(PORT), "30001") + "\nassert wait_healthy(90)")
+    gpus = gpus_via_pynvml(lab, host)
+    units = {pid: unit_of(lab, host, pid) for gpu in gpus for pid in map(int, gpu["processes"])}
+    on = {index: {units[int(pid)] for pid in gpu["processes"]} for index, gpu in enumerate(gpus)}
+    assert on == {0: {"t-sim-a.service"}, 1: {"t-sim-a.service"}, 2: {"t-sim-b.service"}, 3: {"t-sim-b.service"}}
+    b_before = {pid for pid, unit in units.items() if unit == "t-sim-b.service"}
+    sh(lab, host, "systemctl stop t-sim-a.service", timeout=60)
+    gpus = gpus_via_pynvml(lab, host)
+    assert {int(pid) for gpu in gpus for pid in gpu["processes"]} == b_before
+
+
+def unit_of(lab, host: str, pid: int) -> str:
+    paths = [line.split(":", 2)[2] for line in sh(lab, host, f"cat /proc/{pid}/cgroup").splitlines()]
+    return next(part for path in paths for part in path.split("/") if part.endswith(".service"))
+
+
+def test_a_mig_device_is_listed_and_used_like_a_gpu(clean_lab):
+    lab, host = clean_lab, clean_lab.hosts[0]
+    gpu = len(gpus_via_pynvml(lab, host)) - 1
+    sh(lab, host, f"simgpu-claim --mig {gpu}:2")
+    try:
+        listing = sh(lab, host, "nvidia-smi -L").splitlines()
+        mig_lines = [line for line in listing if line.startswith("  MIG 3g.40gb     Device ")]
+        assert len(mig_lines) == 2
+        mig_uuid = mig_lines[1].split("(UUID: ")[1].rstrip(")")
+        install_unit(lab, host, "t-sim-mig.service", "", service=f"Environment=CUDA_VISIBLE_DEVICES={mig_uuid}\n")
+        wait_healthy(lab, host)
+        view = json.loads(
+            run_python(
+                lab,
+                host,
+                textwrap.dedent(f"""
+            import json, pynvml as n
+            n.nvmlInit()
+            mig = n.nvmlDeviceGetHandleByUUID({mig_uuid!r})
+            parent = n.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(mig)
+            procs = n.nvmlDeviceGetComputeRunningProcesses(mig)
+            print(json.dumps({{"is_mig": n.nvmlDeviceIsMigDeviceHandle(mig).value,
+                              "parent": n.nvmlDeviceGetIndex(parent), "mode": n.nvmlDeviceGetMigMode(parent),
+                              "total": n.nvmlDeviceGetMemoryInfo(mig).total >> 20,
+                              "procs": [[p.pid, p.gpuInstanceId] for p in procs]}}))
+        """),
+                python=VENV_PYTHON,
+            )
+        )
+        scheduler = next(iter(scheduler_pids(lab, host)))
+        assert view == {"is_mig": 1, "parent": gpu, "mode": [1, 1], "total": 40320, "procs": [[scheduler, 2]]}
+    finally:
+        sh(lab, host, "systemctl stop t-sim-mig.service; systemctl kill -s KILL t-sim-mig.service; true")
+        sh(lab, host, f"for i in $(seq 50); do simgpu-claim --mig-off {gpu} && exit 0; sleep 0.1; done; exit 1")
+
+
+def test_the_jit_build_needs_the_venvs_ninja_and_a_writable_cache(clean_lab):
+    lab, host = clean_lab, clean_lab.hosts[0]
+    sh(lab, host, "rm -rf /root/.cache/sglang")
+    install_unit(lab, host, "t-sim-nopath.service", "", path="")
+    wait_failed(lab, host, "t-sim-nopath.service")
+    logs = journal(lab, host, "t-sim-nopath.service")
+    assert "FileNotFoundError: [Errno 2] No such file or directory: 'ninja'" in logs
+    # A service user whose home is not writable (nobody: /nonexistent) cannot create ~/.cache/sglang.
+    install_unit(lab, host, "t-sim-nobody.service", "", service="User=nobody\n")
+    wait_failed(lab, host, "t-sim-nobody.service")
+    assert "PermissionError: [Errno 13] Permission denied: '/nonexistent'" in journal(lab, host, "t-sim-nobody.service")
+    # With ninja on PATH the cache fills; later starts hit it without ninja.
+    install_unit(lab, host, "t-sim-path.service", "")
+    wait_healthy(lab, host)
+    sh(lab, host, "systemctl stop t-sim-path.service", timeout=60)
+    wait_released(lab, host)
+    install_unit(lab, host, "t-sim-warm.service", "", path="")
+    wait_healthy(lab, host)
+
+
+def test_gpu_memory_outlives_its_holders_as_on_a_real_driver(clean_lab):
+    lab, host = clean_lab, clean_lab.hosts[0]
+    code = textwrap.dedent("""
+        import json, os, signal, subprocess, time, pynvml as n
+        n.nvmlInit()
+        h = n.nvmlDeviceGetHandleByIndex(0)
+        def view():
+            procs = n.nvmlDeviceGetComputeRunningProcesses(h)
+            return [n.nvmlDeviceGetMemoryInfo(h).used >> 20, sorted(p.pid for p in procs)]
+        claim = ["simgpu-claim", "--hold", "--gpu", "0", "--mib", "1000"]
+        holder = subprocess.Popen(claim, stdout=subprocess.PIPE)
+        holder.stdout.readline()
+        held = view()
+        holder.kill(); holder.wait()
+        lagging = view()
+        time.sleep(0.6)
+        released = view()
+        print(json.dumps({"pid": holder.pid, "held": held, "lagging": lagging, "released": released}))
+    """)
+    out = json.loads(run_python(lab, host, code, python=VENV_PYTHON))
+    assert out["held"] == [1001, [out["pid"]]] and out["lagging"] == [1001, []] and out["released"] == [1, []]
+    # A zombie whose parent is another unit's process: listed, counted, not killable, not resettable.
+    sh(lab, host, "systemd-run --unit t-zombie-parent simgpu-claim --zombie --gpu 1 --mib 5000")
+    deadline = time.monotonic() + 20
+    apps = {}
+    while time.monotonic() < deadline and not apps:
+        apps = compute_apps(lab, host)
+        time.sleep(0.1)
+    ((zombie, mib),) = apps.items()
+    assert mib == 5000 and sh(lab, host, f"ps -o stat= -p {zombie}").strip().startswith("Z")
+    sh(lab, host, f"kill -9 {zombie}")
+    assert compute_apps(lab, host) == {zombie: 5000}
+    assert lab.exec(host, "simgpu-claim --reset-gpu 1").returncode == 1
+    sh(lab, host, "systemctl stop t-zombie-parent")
+    # Memory held by a PID that no longer exists: counted, no process listed, until a GPU reset.
+    out = sh(
+        lab,
+        host,
+        "simgpu-claim --stuck --gpu 1 --mib 700 && sleep 1 && "
+        "nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 1",
+    )
+    assert out.splitlines()[-1] == "701" and compute_apps(lab, host) == {}
+    sh(lab, host, "simgpu-claim --reset-gpu 1")
+    assert sh(lab, host, "nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 1").strip() == "1"
+
+
+def test_an_api_key_from_a_0600_config_file_stays_out_of_ps(clean_lab):
+    lab, host = clean_lab, clean_lab.hosts[0]
+    sh(lab, host, "install -m 0600 /dev/null /run/t-sim.yaml && echo 'api-key: sk-lab-secret' > /run/t-sim.yaml")
+    install_unit(lab, host, "t-sim-key.service", "--config /run/t-sim.yaml")
+    wait_healthy(lab, host)
+    assert "sk-lab-secret" not in sh(lab, host, "ps -eo args")
+    status, _text = http(lab, host, "/v1/models")
+    assert status == 401
+    assert "'api_key': 'sk-lab-secret'" in journal(lab, host, "t-sim-key.service")

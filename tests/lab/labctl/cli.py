@@ -43,6 +43,17 @@ def _bounded_int(flag: str, low: int, high: int):
     return parse
 
 
+def _mig(text: str) -> tuple[int, str]:
+    gpu, sep, spec = text.partition(":")
+    if not sep or not gpu.isdigit():
+        raise argparse.ArgumentTypeError(f"--mig must be GPU:SPEC (e.g. 0:2 or 1:3g.40gb,2g.20gb), got {text!r}")
+    try:
+        payload.simgpu_state.mig_profiles(spec)
+    except payload.simgpu_state.StateError as exc:
+        raise argparse.ArgumentTypeError(f"--mig {text}: {exc}") from None
+    return int(gpu), spec
+
+
 def _lab_name(text: str) -> str:
     if not NAME_RE.match(text):
         raise argparse.ArgumentTypeError(
@@ -82,6 +93,15 @@ def build_parser() -> argparse.ArgumentParser:
                 default=2,
                 help=f"simulated GPUs per host, 1 to {MAX_GPUS} (default 2)",
             )
+            cmd.add_argument(
+                "--mig",
+                type=_mig,
+                action="append",
+                default=[],
+                metavar="GPU:SPEC",
+                help="put GPU in MIG mode on every host: SPEC is 1, 2, 3 or 7 equal instances, or profiles "
+                "(1g.10gb, 2g.20gb, 3g.40gb, 4g.40gb, 7g.80gb) joined by commas; repeatable",
+            )
 
     ex = sub.add_parser("exec", help="run a command inside a host (no SSH), e.g. lab exec lab1 -- systemctl status")
     ex.add_argument("--name", type=_lab_name, default="lab")
@@ -98,6 +118,10 @@ def cmd_image(args) -> int:
 
 
 def cmd_up(args) -> int:
+    mig = dict(args.mig)
+    if any(gpu >= args.gpus for gpu in mig):
+        _log(f"error: --mig names GPU {max(mig)} but hosts have {args.gpus} GPU(s) (0 to {args.gpus - 1})")
+        return 2
     require_root()
     require_tools()
     rootfs = image.ensure_image(log=_log)
@@ -112,6 +136,7 @@ def cmd_up(args) -> int:
                 "name": args.name,
                 "subnet": allocate_subnet(args.name),
                 "gpus": args.gpus,
+                "mig": {str(gpu): spec for gpu, spec in mig.items()},
                 "hosts": [],
                 "status": "starting",
                 "rootfs": str(rootfs),
@@ -124,7 +149,7 @@ def cmd_up(args) -> int:
             host_side, container_side = addresses(data["subnet"], index)
             host_dir = state.host_dir(host)
             merged = hosts.mount_overlay(rootfs, host_dir)
-            payload.install(merged, host, container_side, host_side, public_key, args.gpus, simgpu_build)
+            payload.install(merged, host, container_side, host_side, public_key, args.gpus, simgpu_build, mig)
             log_path = state.run_dir / f"{host}.console.log"
             pid = hosts.start_container(host, merged, log_path, hosts.host_cgroups(state, host))
             data["hosts"].append(
@@ -134,6 +159,7 @@ def cmd_up(args) -> int:
                     "host_address": host_side,
                     "nspawn_pid": pid,
                     "log": str(log_path),
+                    "mig_uuids": payload.mig_uuids(host, args.gpus, mig),
                 }
             )
             state.save(data)
@@ -178,7 +204,11 @@ def cmd_status(args) -> int:
         for item in leftovers:
             print(f"  stale: {item}")
         return 1 if leftovers else 0
-    print(f"lab {args.name}: {data.get('status')}, subnet 10.213.{data['subnet']}.0/24, {data['gpus']} GPU(s) per host")
+    mig = ", ".join(f"GPU {gpu} MIG {spec}" for gpu, spec in sorted(data.get("mig", {}).items()))
+    print(
+        f"lab {args.name}: {data.get('status')}, subnet 10.213.{data['subnet']}.0/24, {data['gpus']} GPU(s) per host"
+        + (f" ({mig})" if mig else "")
+    )
     for entry in data["hosts"]:
         init_pid = hosts.container_init(entry["nspawn_pid"])
         system = hosts.system_state(init_pid) if init_pid else "stopped"

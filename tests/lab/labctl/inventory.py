@@ -22,6 +22,7 @@ def render(hosts: list[dict], key: Path, gpus: int) -> str:
             f"        {host['name']}:",
             f"          ansible_host: {json.dumps(host['address'])}",
             f"          lab_gpu_count: {gpus}",
+            f"          lab_mig_uuids: {json.dumps(host.get('mig_uuids', []))}",
         ]
     lines += [
         "      vars:",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import uuid
 from pathlib import Path
 
@@ -13,9 +14,14 @@ from .system import run
 LAB_DIR = Path(__file__).resolve().parent.parent
 SIMGPU_SRC = LAB_DIR / "simgpu"
 SIM_SRC = LAB_DIR / "sglang_sim"
+NINJA_STANDIN = Path(__file__).resolve().parent / "ninja_standin.py"
 GPU_NAME = "NVIDIA H100 80GB HBM3"
 GPU_TOTAL_MIB = 81559
 SITE_PACKAGES = f"{SGLANG_VENV}/lib/python3.11/site-packages"
+
+if str(SIMGPU_SRC) not in sys.path:
+    sys.path.insert(0, str(SIMGPU_SRC))
+import simgpu_state  # noqa: E402
 
 NET_UNIT = """[Unit]
 Description=Lab network on host0
@@ -40,12 +46,32 @@ def build_simgpu() -> Path:
     return SIMGPU_SRC / "build"
 
 
+def host_gpus(host: str, count: int) -> list:
+    return [
+        simgpu_state.Gpu(
+            index, f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{host}.gpu{index}.llmops-lab')}", GPU_TOTAL_MIB, GPU_NAME
+        )
+        for index in range(count)
+    ]
+
+
 def gpu_lines(host: str, count: int) -> str:
     lines = ["# index\tuuid\ttotal_mib\tname"]
-    for index in range(count):
-        gpu_uuid = uuid.uuid5(uuid.NAMESPACE_DNS, f"{host}.gpu{index}.llmops-lab")
-        lines.append(f"{index}\tGPU-{gpu_uuid}\t{GPU_TOTAL_MIB}\t{GPU_NAME}")
+    lines += [f"{g.index}\t{g.uuid}\t{g.total_mib}\t{g.name}" for g in host_gpus(host, count)]
     return "\n".join(lines) + "\n"
+
+
+def mig_lines(host: str, count: int, mig: dict[int, str]) -> str:
+    """The host's `mig` file: MIG devices per GPU from --mig GPU:SPEC (simgpu_state.mig_profiles)."""
+    gpus = host_gpus(host, count)
+    lines = ["# gpu\tmig_index\tuuid\ttotal_mib\tprofile\tgpu_instance\tcompute_instance"]
+    for index in sorted(mig):
+        lines += simgpu_state.mig_lines(gpus[index], simgpu_state.mig_profiles(mig[index]))
+    return "\n".join(lines) + "\n"
+
+
+def mig_uuids(host: str, count: int, mig: dict[int, str]) -> list[str]:
+    return [line.split("\t")[2] for line in mig_lines(host, count, mig).splitlines() if not line.startswith("#")]
 
 
 def _write(root: Path, relative: str, content: str, mode: int = 0o644) -> None:
@@ -62,7 +88,16 @@ def _install(root: Path, source: Path, relative: str, mode: int) -> None:
     os.chmod(path, mode)
 
 
-def install(root: Path, host: str, address: str, peer: str, public_key: str, gpus: int, simgpu_build: Path) -> None:
+def install(
+    root: Path,
+    host: str,
+    address: str,
+    peer: str,
+    public_key: str,
+    gpus: int,
+    simgpu_build: Path,
+    mig: dict[int, str] | None = None,
+) -> None:
     """Write the per-host files into the host's merged tree (they land in its overlay's upper dir)."""
     _write(root, "/etc/hostname", host + "\n")
     _write(root, "/etc/hosts", f"127.0.0.1 localhost\n127.0.1.1 {host}\n")
@@ -78,8 +113,16 @@ def install(root: Path, host: str, address: str, peer: str, public_key: str, gpu
     _install(root, simgpu_build / "libnvidia-ml.so.1", "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1", 0o755)
     _install(root, simgpu_build / "nvidia-smi", "/usr/bin/nvidia-smi", 0o755)
     _install(root, simgpu_build / "simgpu-claim", "/usr/local/bin/simgpu-claim", 0o755)
+    _install(root, simgpu_build / "simgpu_state.py", "/usr/local/lib/simgpu/simgpu_state.py", 0o644)
     _write(root, "/var/lib/simgpu/gpus", gpu_lines(host, gpus))
-    (root / "var/lib/simgpu/claims").mkdir(parents=True, exist_ok=True)
+    if mig:
+        _write(root, "/var/lib/simgpu/mig", mig_lines(host, gpus, mig))
+    # Any GPU user may claim memory (as /dev/nvidia* are 0666); the sticky bit keeps claims their owners'.
+    claims = root / "var/lib/simgpu/claims"
+    claims.mkdir(parents=True, exist_ok=True)
+    os.chmod(claims, 0o1777)
+    # The ninja wheel (an sglang dependency) puts `ninja` in the venv's bin/; SGLang's JIT build runs it bare.
+    _write(root, f"{SGLANG_VENV}/bin/ninja", f"#!{SGLANG_VENV}/bin/python\n" + NINJA_STANDIN.read_text(), 0o755)
 
     target = root / SITE_PACKAGES.lstrip("/") / "sglang_sim"
     shutil.rmtree(target, ignore_errors=True)

@@ -3,7 +3,8 @@
 Every knob also reads an environment variable SGLANG_SIM_<NAME> (e.g. --sim-load-time and
 SGLANG_SIM_LOAD_TIME); the flag wins. Faults come from --sim-fault (repeatable, or a comma list)
 together with SGLANG_SIM_FAULTS. Other SGLang flags are accepted and ignored with a warning;
-unknown --sim-* flags are an error.
+unknown --sim-* flags are an error, and so is a flag spelled with "_": SGLang's parser
+(sglang serve, sglang/srt/arg_groups/arg_utils.py `_field_to_cli_name`) has none.
 """
 
 from __future__ import annotations
@@ -13,12 +14,11 @@ import os
 from dataclasses import dataclass
 
 from . import faults as faults_mod
-from . import gpu_claims
+from . import specmodel
 
 DEFAULT_MEM_FRACTION_STATIC = 0.85
-DEFAULT_DRAIN_TIME = 5.0
-SLOW_DRAIN_DEFAULT_DRAIN_TIME = 90.0
 FAULT_ENV_VARS = ("SGLANG_SIM_FAULTS", "SGLANG_SIM_FAULT")
+PROG = "sglang serve"
 
 
 @dataclass(frozen=True)
@@ -46,12 +46,17 @@ class Knob:
 KNOBS = (
     Knob("load-time", float, 2.0, "seconds each scheduler takes to load (claims grow over this time)"),
     Knob("warmup-time", float, 1.0, "seconds after HTTP starts until /health turns 200"),
-    Knob("drain-time", float, None, "longest SIGTERM drain in seconds (default 5; 90 with the slow-drain fault)"),
+    Knob("drain-time", float, 90.0, "with the slow-drain fault: how long the request a SIGTERM finds lasts"),
     Knob("token-latency-ms", float, 2.0, "milliseconds per plain decode step (one output token)"),
     Knob("prefill-ms-per-token", float, 0.02, "milliseconds of prefill per prompt token"),
     Knob("seed", int, 0, "seed of the accept-length noise and of sampled (temperature > 0) text"),
     Knob("noise", float, 0.03, "relative standard deviation of each request's accept length"),
-    Knob("batch-slowdown", float, 0.0, "extra step time per other running request (0.01 = +1 percent each)"),
+    Knob(
+        "batch-slowdown",
+        float,
+        specmodel.DEFAULT_BATCH_SLOWDOWN,
+        "extra decode-step time per other running request (0.033 = +3.3 percent each)",
+    ),
     Knob("weight-fraction", float, 0.45, "model weights per scheduler as a fraction of its GPU's memory", 0.0, 1.0),
     Knob("cuda-graph-mib", int, 256, "MiB each scheduler adds for CUDA graphs, outside --mem-fraction-static"),
     Knob("draft-base-mib", int, 768, "MiB of draft model weights when speculative decoding is on"),
@@ -69,9 +74,21 @@ KNOBS = (
         0.0,
         0.999,
     ),
-    Knob("spec-draft-step-cost", float, 0.08, "cost of one draft step, in plain decode steps"),
-    Knob("spec-topk-cost", float, 0.15, "extra draft-step cost per additional top-k branch (fraction)"),
-    Knob("spec-verify-token-cost", float, 0.015, "verify cost per draft token, in plain decode steps"),
+    Knob("spec-draft-step-cost", float, specmodel.DEFAULT_DRAFT_STEP_COST, "one draft step, in plain decode steps"),
+    Knob("spec-topk-cost", float, specmodel.DEFAULT_TOPK_COST, "extra draft-step cost per extra top-k branch"),
+    Knob("spec-verify-token-cost", float, specmodel.DEFAULT_VERIFY_TOKEN_COST, "verify cost per draft token"),
+    Knob(
+        "spec-draft-batch-cost",
+        float,
+        specmodel.DEFAULT_DRAFT_BATCH_COST,
+        "growth of the draft cost per other running request",
+    ),
+    Knob(
+        "spec-verify-batch-cost",
+        float,
+        specmodel.DEFAULT_VERIFY_BATCH_COST,
+        "growth of the verify cost per other running request",
+    ),
 )
 
 
@@ -102,11 +119,12 @@ def _sglang_flags(parser: argparse.ArgumentParser) -> None:
     add("--incremental-streaming-output", action="store_true")
     add("--random-seed", type=int, default=None)
     add("--skip-server-warmup", action="store_true")
+    add("--config", default=None, help="Read CLI options from a config file. Must be a YAML file.")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m sglang_sim.launch_server",
+        prog=PROG,
         description="Simulated SGLang 0.5.23 server (a test double; see tests/lab/README.md).",
         allow_abbrev=False,
     )
@@ -119,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
         dest="sim_fault",
         action="append",
         default=[],
-        help="fault to show (repeatable or comma list; with env SGLANG_SIM_FAULTS): "
+        help="fault to show, NAME or NAME=N (repeatable or comma list; with env SGLANG_SIM_FAULTS): "
         + ", ".join(sorted(faults_mod.FAULTS)),
     )
     return parser
@@ -150,18 +168,18 @@ def _validate_knobs(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> 
             parser.error(f"argument {knob.flag} ({knob.env}): must be <= {knob.maximum:g}, got {value}")
 
 
-def _parse_faults(parser: argparse.ArgumentParser, ns: argparse.Namespace, environ: dict) -> frozenset[str]:
-    try:
-        from_flags = faults_mod.parse_faults(ns.sim_fault)
-    except ValueError as exc:
-        parser.error(f"argument --sim-fault: {exc}")
-    from_env: frozenset[str] = frozenset()
+def _parse_faults(parser: argparse.ArgumentParser, ns: argparse.Namespace, environ: dict) -> dict:
+    chosen: dict = {}
     for var in FAULT_ENV_VARS:
         try:
-            from_env |= faults_mod.parse_faults([environ.get(var, "")])
+            chosen.update(faults_mod.parse_faults([environ.get(var, "")]))
         except ValueError as exc:
             parser.error(f"environment {var}: {exc}")
-    return from_flags | from_env
+    try:
+        chosen.update(faults_mod.parse_faults(ns.sim_fault))
+    except ValueError as exc:
+        parser.error(f"argument --sim-fault: {exc}")
+    return chosen
 
 
 def _validate_sglang(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
@@ -183,41 +201,42 @@ def _validate_sglang(parser: argparse.ArgumentParser, ns: argparse.Namespace) ->
         parser.error(f"argument --context-length: must be >= 1, got {ns.context_length}")
 
 
-def _assign_gpus(parser: argparse.ArgumentParser, ns: argparse.Namespace, environ: dict) -> list[gpu_claims.SimGpu]:
-    """GPU of each scheduler rank (DP-major, then TP), as SGLang picks base_gpu_id + i * gpu_id_step."""
-    try:
-        gpus = gpu_claims.visible_gpus(gpu_claims.read_gpus(), environ.get("CUDA_VISIBLE_DEVICES"))
-    except (gpu_claims.GpuStateError, ValueError) as exc:
-        parser.error(f"simulated GPUs (SIMGPU_STATE_DIR={gpu_claims.state_dir()}): {exc}")
-    ranks = ns.tp_size * ns.dp_size
-    needed = ns.base_gpu_id + (ranks - 1) * ns.gpu_id_step + 1
-    if needed > len(gpus):
-        parser.error(
-            f"argument --tp-size: --tp-size {ns.tp_size} x --dp-size {ns.dp_size} needs {needed} GPUs "
-            f"(from --base-gpu-id {ns.base_gpu_id}, step {ns.gpu_id_step}) but this host has {len(gpus)} "
-            f"simulated GPU(s) in {gpu_claims.state_dir() / 'gpus'}"
-        )
-    return [gpus[ns.base_gpu_id + rank * ns.gpu_id_step] for rank in range(ranks)]
+def store_true_keys(parser: argparse.ArgumentParser) -> set[str]:
+    """The config keys of store_true flags (server_args_config_parser._config_keys)."""
+    keys = set()
+    for action in parser._actions:
+        if isinstance(action, argparse._StoreTrueAction):
+            keys.add(action.dest)
+            keys.update(o[2:].replace("-", "_") for o in action.option_strings if o.startswith("--"))
+    return keys
+
+
+def _underscore_flags(ignored: list[str]) -> list[str]:
+    """Flags with "_" (no SGLang flag has one) and the values that follow them."""
+    bad = []
+    for index, arg in enumerate(ignored):
+        if arg.startswith("--") and "_" in arg.split("=", 1)[0]:
+            bad.append(arg)
+            if "=" not in arg and index + 1 < len(ignored) and not ignored[index + 1].startswith("-"):
+                bad.append(ignored[index + 1])
+    return bad
 
 
 def parse(argv: list[str], environ: dict | None = None) -> tuple[argparse.Namespace, list[str]]:
     """Parse and validate; exits with status 2 and a message naming the flag on bad input.
 
-    Returns the namespace (with `faults`, `rank_gpus` and defaults filled in) and the ignored SGLang arguments.
+    Returns the namespace (with `faults` and defaults filled in) and the ignored SGLang arguments.
     """
     environ = dict(os.environ if environ is None else environ)
     parser = build_parser()
     ns, ignored = parser.parse_known_args(argv)
-    unknown_sim = [arg for arg in ignored if arg.startswith("--sim-")]
-    if unknown_sim:
-        parser.error(f"unrecognized arguments: {' '.join(unknown_sim)}")
+    unknown = [arg for arg in ignored if arg.startswith("--sim-")] + _underscore_flags(ignored)
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     _apply_env(parser, ns, environ)
     _validate_knobs(parser, ns)
     _validate_sglang(parser, ns)
-    ns.sim_drain_time_given = ns.sim_drain_time is not None
-    ns.faults = frozenset()
-    add_faults(ns, _parse_faults(parser, ns, environ))
-    ns.rank_gpus = _assign_gpus(parser, ns, environ)
+    ns.faults = _parse_faults(parser, ns, environ)
     ns.tokenizer_path = ns.tokenizer_path or ns.model_path
     ns.served_model_name = ns.served_model_name or ns.model_path
     ns.mem_fraction_static_given = ns.mem_fraction_static is not None
@@ -226,9 +245,6 @@ def parse(argv: list[str], environ: dict | None = None) -> tuple[argparse.Namesp
     return ns, ignored
 
 
-def add_faults(ns: argparse.Namespace, names: frozenset[str]) -> None:
-    """Turn on more faults (also after parsing, for faults the patched sources declare); drain defaults follow."""
-    ns.faults = ns.faults | names
-    if not ns.sim_drain_time_given:
-        slow = faults_mod.SLOW_DRAIN in ns.faults
-        ns.sim_drain_time = SLOW_DRAIN_DEFAULT_DRAIN_TIME if slow else DEFAULT_DRAIN_TIME
+def add_faults(ns: argparse.Namespace, chosen: dict) -> None:
+    """Turn on more faults (also after parsing, for faults the patched sources declare)."""
+    ns.faults = {**ns.faults, **chosen}

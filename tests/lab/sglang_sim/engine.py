@@ -1,4 +1,11 @@
-"""Generation: the text, its timing (plain or speculative decoding) and SGLang's meta_info."""
+"""Generation: the scheduler's batch (running and waiting requests), each request's text and timing (plain or
+speculative decoding, slower as the batch grows), SGLang's meta_info, and the faults that stop progress.
+
+Timing: a request waits for a running slot (--max-running-requests), pays its prefill, then decodes one step
+after another; a step takes --sim-token-latency-ms times the cost at the current batch size (specmodel), so
+every request slows down while others run and speeds up when they finish. Requests sleep on one condition
+variable that wakes them when the batch changes.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +15,7 @@ import math
 import threading
 import time
 import uuid
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Callable
 
@@ -19,7 +26,19 @@ from .spec_args import SpecConfig
 DEFAULT_MAX_NEW_TOKENS = 128
 DEFAULT_TEMPERATURE = 1.0
 PREFIX_CACHE_ENTRIES = 4096
-ABORT_MESSAGE = "The server is shutting down."
+# TokenizerManager polls a waiting client every SGLANG_REQUEST_STATE_WAIT_TIMEOUT (4 s) for a disconnect.
+CLIENT_POLL_S = 4.0
+
+
+class ClientGone(Exception):
+    """The client disconnected while its request waited.
+
+    `kept`: the stuck scheduler never acknowledges the abort, so the request stays in rid_to_state.
+    """
+
+    def __init__(self, kept: bool):
+        super().__init__("client disconnected")
+        self.kept = kept
 
 
 class GenerationError(Exception):
@@ -37,12 +56,13 @@ class EngineConfig:
     seed: int
     noise: float
     batch_slowdown: float
+    max_running_requests: int
     context_length: int
     stream_interval: int
     incremental_streaming: bool
     spec: SpecConfig
     spec_params: specmodel.SpecParams | None
-    faults: frozenset
+    faults: dict
 
 
 @dataclass(frozen=True)
@@ -78,18 +98,27 @@ class Request:
     sampling: Sampling
     stream: bool
     rid: str
+    warmup: bool = False
 
 
 def new_request(
-    prompt: str, prompt_tokens: int | None, sampling: Sampling, stream: bool, rid: str | None = None
+    prompt: str,
+    prompt_tokens: int | None,
+    sampling: Sampling,
+    stream: bool,
+    rid: str | None = None,
+    warmup: bool = False,
 ) -> Request:
     tokens = textgen.count_tokens(prompt) if prompt_tokens is None else max(1, prompt_tokens)
-    return Request(prompt, tokens, sampling, stream, rid or uuid.uuid4().hex)
+    return Request(prompt, tokens, sampling, stream, rid or uuid.uuid4().hex, warmup)
 
 
 def _split(total: int, parts: int) -> list[int]:
     base, extra = divmod(total, parts)
     return [base + (1 if index < extra else 0) for index in range(parts)]
+
+
+NORMAL, STUCK, STALLED = "normal", "stuck", "stalled"
 
 
 class Engine:
@@ -98,7 +127,13 @@ class Engine:
     def __init__(self, config: EngineConfig):
         self.config = config
         self.stats = Stats()
-        self.abort = threading.Event()
+        self._cond = threading.Condition()
+        self._running = 0
+        self._waiting: deque = deque()
+        self._served = 0  # user generations admitted (the warm-up and health checks are not counted)
+        self.mode = NORMAL
+        self._frozen: tuple | None = None  # scheduler gauges when the scheduler got stuck
+        self.last_receive_wall = time.time()  # TokenizerManager.last_receive_tstamp (for the health log)
         self._seen_prompts: OrderedDict = OrderedDict()
         self._seen_lock = threading.Lock()
         self.mean_accept_length = None
@@ -107,14 +142,68 @@ class Engine:
             self.mean_accept_length = specmodel.accept_length(
                 spec.num_steps, spec.eagle_topk, spec.num_draft_tokens, config.spec_params
             )
-            self.step_cost = specmodel.step_cost(
-                spec.num_steps, spec.eagle_topk, spec.num_draft_tokens, config.spec_params
-            )
+        if faults.NEVER_LOAD in config.faults:
+            self.mode = STUCK
+            self._frozen = (0, 0, 0.0)
+
+    # -- the scheduler's state, as /metrics and the health check see it ------------------------------------------
+    def gauges(self) -> tuple[int, int, float]:
+        """(num_running_reqs, num_queue_reqs, gen_throughput); frozen while the scheduler is stuck."""
+        with self._cond:
+            if self._frozen is not None:
+                return self._frozen
+            return self._running, len(self._waiting), self.stats.gen_throughput()
+
+    def health_ack_at(self) -> float | None:
+        """When a health check sent now gets its answer from the scheduler (monotonic time), or None: never.
+
+        Idle: it runs as a one-token generation. Busy: it is skipped and answered after the next batch
+        (scheduler.py: "Skip health check when server is busy"). Stalled: the idle loop answers it.
+        Stuck in a forward pass: no answer.
+        """
+        with self._cond:
+            if self.mode == STUCK:
+                return None
+            running = max(self._running, 1)
+        step = self.config.token_latency_s * specmodel.plain_step_cost(running, self.config.batch_slowdown)
+        return time.monotonic() + self.config.prefill_s_per_token + step
+
+    def note_receive(self) -> None:
+        self.last_receive_wall = time.time()
 
     @property
-    def hangs(self) -> bool:
-        return bool(self.config.faults & {faults.GENERATE_HANG, faults.NEVER_LOAD})
+    def stuck(self) -> bool:
+        return self.mode == STUCK
 
+    def wait_scheduler(self, client_gone) -> None:
+        """A request that needs the scheduler's answer (/server_info, /flush_cache): it never comes while stuck."""
+        if self.mode == STUCK:
+            self._never(client_gone, kept=False)
+
+    def stop(self) -> None:
+        """The schedulers are gone (ShutdownReq or killed): nothing runs any more."""
+        with self._cond:
+            if self.mode != STUCK:
+                self._frozen = (self._running, len(self._waiting), self.stats.gen_throughput())
+            self.mode = STUCK
+            self._cond.notify_all()
+
+    def _fault_mode_for_next(self, request: Request) -> str:
+        """Counts a user generation and says how the scheduler treats it (called with the lock held)."""
+        if request.warmup:
+            return self.mode
+        self._served += 1
+        hang_after = self.config.faults.get(faults.HANG_AFTER_REQUESTS)
+        if faults.GENERATE_HANG in self.config.faults:
+            hang_after = 0
+        if self.mode == NORMAL and hang_after is not None and self._served > hang_after:
+            return STUCK
+        stall_after = self.config.faults.get(faults.PROGRESS_STALL, None)
+        if self.mode == NORMAL and faults.PROGRESS_STALL in self.config.faults and self._served > stall_after:
+            return STALLED
+        return self.mode
+
+    # -- one request ------------------------------------------------------------------------------------------
     def _cached_tokens(self, request: Request) -> int:
         key = hashlib.sha256(request.prompt.encode("utf-8", "replace")).digest()
         with self._seen_lock:
@@ -139,12 +228,23 @@ class Engine:
                     return pieces[: index + 1], {"type": "stop", "matched": stop}
         return pieces, {"type": "length", "length": count}
 
-    def _steps(self, request: Request, tokens: int) -> tuple[list[int], float, dict]:
-        """Tokens emitted per decode step, the time of one step, and the speculative meta_info."""
-        running = max(1, self.stats.running)
-        slowdown = 1.0 + self.config.batch_slowdown * (running - 1)
+    def _step_cost(self, running: int) -> float:
+        spec = self.config.spec
+        if self.mean_accept_length is None:
+            return specmodel.plain_step_cost(running, self.config.batch_slowdown)
+        return specmodel.step_cost(
+            spec.num_steps,
+            spec.eagle_topk,
+            spec.num_draft_tokens,
+            self.config.spec_params,
+            running,
+            self.config.batch_slowdown,
+        )
+
+    def _plan(self, request: Request, tokens: int) -> tuple[list[int], dict]:
+        """Tokens emitted per decode step, and the speculative meta_info."""
         if self.mean_accept_length is None or tokens == 0:
-            return [1] * tokens, self.config.token_latency_s * slowdown, {}
+            return [1] * tokens, {}
         draft_tokens = self.config.spec.num_draft_tokens
         accept = specmodel.noisy_accept_length(
             self.mean_accept_length, draft_tokens, self.config.noise, self.config.seed, request.rid
@@ -159,7 +259,7 @@ class Engine:
             "spec_num_proposed_drafts": proposed,
             "spec_verify_ct": verify_ct,
         }
-        return _split(tokens, verify_ct), self.config.token_latency_s * self.step_cost * slowdown, spec_meta
+        return _split(tokens, verify_ct), spec_meta
 
     def _meta(self, request: Request, finish_reason, completion_tokens: int, cached: int) -> dict:
         return {
@@ -173,21 +273,6 @@ class Engine:
             "cached_tokens": cached,
         }
 
-    def generate(self, request: Request, emit: Callable[[dict], None] | None = None) -> dict:
-        """Run one request to its end; `emit` gets each streaming chunk. Returns the final output."""
-        arrived = time.monotonic()
-        self.stats.started()
-        try:
-            return self._generate(request, emit, arrived)
-        finally:
-            self.stats.stopped()
-
-    def _hang(self, request: Request, cached: int, arrived: float) -> dict:
-        self.abort.wait()
-        meta = self._meta(request, {"type": "abort", "message": ABORT_MESSAGE}, 0, cached)
-        meta["e2e_latency"] = time.monotonic() - arrived
-        return {"text": "", "output_ids": [], "meta_info": meta}
-
     def validate(self, request: Request) -> None:
         """Raise GenerationError for a request SGLang refuses before generating (call before streaming starts)."""
         total = request.prompt_tokens + request.sampling.max_new_tokens
@@ -199,40 +284,143 @@ class Engine:
                 "of tokens in the input messages or the completion to fit within the limit."
             )
 
-    def _generate(self, request: Request, emit, arrived: float) -> dict:
+    def _wait(self, deadline: float | None) -> None:
+        """Sleep (lock held) until the deadline, a batch change, or at most CLIENT_POLL_S."""
+        timeout = CLIENT_POLL_S if deadline is None else min(CLIENT_POLL_S, max(0.0, deadline - time.monotonic()))
+        self._cond.wait(timeout)
+
+    @staticmethod
+    def _poller(client_gone, kept: bool):
+        """Checks the client every CLIENT_POLL_S however often the waiter wakes; raises ClientGone."""
+        next_check = time.monotonic() + CLIENT_POLL_S
+
+        def check() -> None:
+            nonlocal next_check
+            now = time.monotonic()
+            if client_gone is None or now < next_check:
+                return
+            next_check = now + CLIENT_POLL_S
+            if client_gone():
+                raise ClientGone(kept)
+
+        return check
+
+    def _admit(self, request: Request, client_gone) -> str:
+        """Wait for a running slot; returns the mode the request runs in. Holds no lock on return."""
+        with self._cond:
+            mode = self._fault_mode_for_next(request)
+            if mode == STUCK and self.mode != STUCK:
+                self._running += 1
+                self._frozen = (self._running, len(self._waiting), self.stats.gen_throughput())
+                self.mode = STUCK
+                self._cond.notify_all()
+                return STUCK
+            if self.mode == STUCK:
+                return STUCK
+            if mode == STALLED:
+                self.mode = STALLED
+            self._waiting.append(request)
+            check = self._poller(client_gone, kept=False)
+            try:
+                while self._waiting[0] is not request or self._running >= self.config.max_running_requests:
+                    if self.mode == STUCK:
+                        self._waiting.remove(request)
+                        return STUCK
+                    self._wait(None)
+                    check()
+            except ClientGone:
+                self._waiting.remove(request)
+                self._cond.notify_all()
+                raise
+            self._waiting.popleft()
+            self._running += 1
+            self._cond.notify_all()
+            return self.mode
+
+    def _leave(self) -> None:
+        with self._cond:
+            self._running -= 1
+            self._cond.notify_all()
+
+    def _never(self, client_gone, kept: bool) -> None:
+        """A request that never progresses: wait until the client gives up (raises ClientGone)."""
+        check = self._poller(client_gone, kept)
+        with self._cond:
+            while True:
+                self._wait(None)
+                check()
+
+    def generate(self, request: Request, emit: Callable[[dict], None] | None = None, client_gone=None) -> dict:
+        """Run one request to its end; `emit` gets each streaming chunk. Returns the final output.
+
+        Raises ClientGone when the client disconnected while the request could not progress.
+        """
+        arrived = time.monotonic()
         self.validate(request)
         cached = self._cached_tokens(request)
-        if self.hangs:
-            return self._hang(request, cached, arrived)
+        mode = self._admit(request, client_gone)
+        if mode == STUCK:
+            self._never(client_gone, kept=True)
+        try:
+            if mode == STALLED:
+                self._never(client_gone, kept=False)
+            return self._decode(request, emit, arrived, cached, client_gone)
+        finally:
+            self._leave()
+
+    def _decode(self, request: Request, emit, arrived: float, cached: int, client_gone) -> dict:
         pieces, finish_reason = self._pieces(request)
-        per_step, step_s, spec_meta = self._steps(request, len(pieces))
-        prefill_s = (request.prompt_tokens - cached) * self.config.prefill_s_per_token
+        per_step, spec_meta = self._plan(request, len(pieces))
         ends = list(itertools.accumulate(per_step))
-        emitted = 0
+        started = time.monotonic()
+        prefill_end = started + (request.prompt_tokens - cached) * self.config.prefill_s_per_token
+        latency = self.config.token_latency_s
         last_chunk_at = 0
-        aborted = False
-        first_token_at = arrived + prefill_s + (step_s if per_step else 0.0)
-        for index, end in enumerate(ends):
-            last = index == len(ends) - 1
-            if emit is None and not last:
-                continue
-            if self.abort.wait(max(0.0, arrived + prefill_s + (index + 1) * step_s - time.monotonic())):
-                aborted = True
-                break
-            emitted = end
-            if emit is not None and not last and end - last_chunk_at >= self.config.stream_interval:
-                emit(self._chunk(request, pieces, start=last_chunk_at, end=end, finish_reason=None, cached=cached))
-                last_chunk_at = end
-        if not ends:
-            aborted = self.abort.wait(max(0.0, arrived + prefill_s - time.monotonic()))
+        first_token_at = None
+        done = 0.0  # decode steps completed (fractional while one is under way)
+        with self._cond:
+            while time.monotonic() < prefill_end:
+                self._wait(prefill_end)
+            clock = prefill_end
+            for index, end in enumerate(ends):
+                last = index == len(ends) - 1
+                chunk_due = emit is not None and not last and end - last_chunk_at >= self.config.stream_interval
+                if not (last or chunk_due):
+                    continue
+                target = index + 1
+                while done < target:
+                    if self.mode != NORMAL:  # the scheduler stopped making progress under this request too
+                        self._never(client_gone, kept=self.mode == STUCK)
+                    step_s = latency * self._step_cost(self._running)
+                    due = clock + (target - done) * step_s
+                    self._wait(due)
+                    now = time.monotonic()
+                    if now >= due or step_s <= 0:
+                        done, clock = float(target), due
+                    else:  # woken by a batch change: count what was done at the old pace
+                        done, clock = done + (now - clock) / step_s, now
+                if first_token_at is None:
+                    first_token_at = clock if index == 0 else prefill_end + (clock - prefill_end) / target
+                self.last_receive_wall = time.time()
+                if chunk_due:
+                    self._cond.release()
+                    try:
+                        chunk = self._chunk(
+                            request, pieces, start=last_chunk_at, end=end, finish_reason=None, cached=cached
+                        )
+                        emit(chunk)
+                    finally:
+                        self._cond.acquire()
+                    last_chunk_at = end
         finished_at = time.monotonic()
-        if aborted:
-            finish_reason = {"type": "abort", "message": ABORT_MESSAGE}
-            steps_done = int((finished_at - arrived - prefill_s) // step_s) if step_s > 0 else 0
-            emitted = ends[min(steps_done, len(ends)) - 1] if steps_done > 0 and ends else 0
-            spec_meta = {}
+        first_token_at = finished_at if first_token_at is None else first_token_at
         final = self._chunk(
-            request, pieces, start=last_chunk_at if emit else 0, end=emitted, finish_reason=finish_reason, cached=cached
+            request,
+            pieces,
+            start=last_chunk_at if emit else 0,
+            end=ends[-1] if ends else 0,
+            finish_reason=finish_reason,
+            cached=cached,
         )
         final["meta_info"]["e2e_latency"] = finished_at - arrived
         final["meta_info"].update(spec_meta)
@@ -240,10 +428,10 @@ class Engine:
             FinishedRequest(
                 streaming=request.stream,
                 prompt_tokens=request.prompt_tokens,
-                completion_tokens=emitted,
-                first_token_at=min(first_token_at, finished_at),
+                completion_tokens=ends[-1] if ends else 0,
+                first_token_at=first_token_at,
                 finished_at=finished_at,
-                ttft=min(first_token_at, finished_at) - arrived,
+                ttft=first_token_at - arrived,
                 e2e=finished_at - arrived,
                 verify_ct=spec_meta.get("spec_verify_ct", 0),
                 correct_drafts=spec_meta.get("spec_num_correct_drafts", 0),

@@ -1,125 +1,45 @@
-"""The simulated GPUs' state directory (the simgpu contract): the GPU list and one claim file per (GPU, PID).
+"""The engine's side of the simulated GPU: its memory claims, read and written through simgpu's own module.
 
-A claim counts while its PID exists and is not a zombie; used = live claims + 1 MiB, free = total - used.
+simgpu_state (tests/lab/simgpu/simgpu_state.py) is the Python reading of the state directory that the simulated
+libnvidia-ml.so.1 also implements; a lab host installs it in /usr/local/lib/simgpu (as a real host installs the
+driver's libraries), and the lab's tests put tests/lab/simgpu on the path.
 """
 
 from __future__ import annotations
 
-import os
-import re
-from dataclasses import dataclass
-from pathlib import Path
+import sys
 
-DEFAULT_STATE_DIR = "/var/lib/simgpu"
-DRIVER_RESERVED_MIB = 1
-_CLAIM_NAME = re.compile(r"^gpu(\d+)\.pid(\d+)$")
+SIMGPU_LIB_DIR = "/usr/local/lib/simgpu"
 
+try:
+    import simgpu_state
+except ImportError:  # a lab host: the module lives with the driver stand-in, outside the venv
+    sys.path.append(SIMGPU_LIB_DIR)
+    import simgpu_state
 
-@dataclass(frozen=True)
-class SimGpu:
-    index: int
-    uuid: str
-    total_mib: int
-    name: str
+Gpu = simgpu_state.Gpu
+MigDevice = simgpu_state.MigDevice
+StateError = simgpu_state.StateError
+DRIVER_RESERVED_MIB = simgpu_state.DRIVER_RESERVED_MIB
 
 
-class GpuStateError(Exception):
-    """The GPU list is missing or malformed."""
+def state_dir():
+    return simgpu_state.state_dir()
 
 
-def state_dir() -> Path:
-    return Path(os.environ.get("SIMGPU_STATE_DIR") or DEFAULT_STATE_DIR)
+def read_gpus() -> list:
+    return simgpu_state.read_gpus()
 
 
-def read_gpus(directory: Path | None = None) -> list[SimGpu]:
-    path = (directory or state_dir()) / "gpus"
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise GpuStateError(f"cannot read the simulated GPU list {path}: {exc.strerror}") from exc
-    gpus = []
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        fields = line.split("\t")
-        if len(fields) != 4:
-            raise GpuStateError(f"{path}:{number}: expected index<TAB>uuid<TAB>total_mib<TAB>name, got {line!r}")
-        try:
-            gpus.append(SimGpu(int(fields[0]), fields[1], int(fields[2]), fields[3]))
-        except ValueError as exc:
-            raise GpuStateError(f"{path}:{number}: index and total_mib must be integers, got {line!r}") from exc
-    return sorted(gpus, key=lambda gpu: gpu.index)
+def free_mib(device, exclude_pid: int | None = None) -> int:
+    """Free memory of a CUDA device (cuda_devices.CudaDevice): total - counted claims - the driver's 1 MiB."""
+    return device.total_mib - simgpu_state.used_mib(None, device.gpu, device.mig, exclude_pid)
 
 
-def visible_gpus(gpus: list[SimGpu], cuda_visible_devices: str | None) -> list[SimGpu]:
-    """The GPUs a CUDA process would see, in order: all, or those CUDA_VISIBLE_DEVICES names by index or UUID."""
-    if cuda_visible_devices is None:
-        return gpus
-    by_key = {str(gpu.index): gpu for gpu in gpus}
-    by_key.update({gpu.uuid: gpu for gpu in gpus})
-    visible = []
-    for item in cuda_visible_devices.split(","):
-        item = item.strip()
-        if not item:
-            continue
-        if item not in by_key:
-            # CUDA stops at the first entry that names no device.
-            break
-        visible.append(by_key[item])
-    return visible
+def write_claim(device, pid: int, mib: int) -> None:
+    simgpu_state.write_claim(None, device.gpu, device.mig, pid, mib)
 
 
-def pid_alive(pid: int) -> bool:
-    """True while /proc/PID exists and its state is neither zombie (Z) nor dead (X)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            data = handle.read()
-    except OSError:
-        return False
-    state = data[data.rindex(b")") + 2 :][:1]
-    return state not in (b"Z", b"X")
-
-
-def claim_path(gpu_index: int, pid: int, directory: Path | None = None) -> Path:
-    return (directory or state_dir()) / "claims" / f"gpu{gpu_index}.pid{pid}"
-
-
-def live_claims_mib(gpu_index: int, directory: Path | None = None, exclude_pid: int | None = None) -> int:
-    claims = (directory or state_dir()) / "claims"
-    total = 0
-    try:
-        names = os.listdir(claims)
-    except OSError:
-        return 0
-    for name in names:
-        match = _CLAIM_NAME.match(name)
-        if not match or int(match.group(1)) != gpu_index:
-            continue
-        pid = int(match.group(2))
-        if pid == exclude_pid or not pid_alive(pid):
-            continue
-        try:
-            total += int((claims / name).read_text().strip() or 0)
-        except (OSError, ValueError):
-            continue
-    return total
-
-
-def free_mib(gpu: SimGpu, directory: Path | None = None, exclude_pid: int | None = None) -> int:
-    return gpu.total_mib - DRIVER_RESERVED_MIB - live_claims_mib(gpu.index, directory, exclude_pid)
-
-
-def write_claim(gpu_index: int, pid: int, mib: int, directory: Path | None = None) -> None:
-    """Set this PID's claim atomically (readers never see a half-written number)."""
-    path = claim_path(gpu_index, pid, directory)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(f"{int(mib)}\n")
-    os.replace(tmp, path)
-
-
-def remove_claim(gpu_index: int, pid: int, directory: Path | None = None) -> None:
-    try:
-        claim_path(gpu_index, pid, directory).unlink()
-    except FileNotFoundError:
-        pass
+def mark_exiting(pid: int) -> None:
+    """The holder is about to exit: its memory is released after the driver's lag from now."""
+    simgpu_state.mark_pid_exit(None, pid)

@@ -4,19 +4,20 @@ from __future__ import annotations
 
 import json
 import secrets
+import select
+import socket
 import sys
 import threading
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
-from . import info, metrics, openai_api
-from .engine import GenerationError, new_request, parse_sampling
-from .state import UP, ServerState
+from . import health, info, metrics, openai_api
+from .engine import ClientGone, GenerationError, new_request, parse_sampling
+from .state import ServerState
 
 OPEN_PATHS = ("/health", "/ready", "/metrics")
 GENERATION_PATHS = ("/generate", "/v1/chat/completions", "/v1/completions")
-SHUTTING_DOWN = "The server is shutting down and does not accept new requests."
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -84,6 +85,14 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(b"0\r\n\r\n")
         self.wfile.flush()
 
+    def _client_gone(self) -> bool:
+        """The client closed its end (Starlette's request.is_disconnected)."""
+        try:
+            readable, _w, _x = select.select([self.connection], [], [], 0)
+            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            return True
+
     def _authorized(self, path: str) -> bool:
         key = self.state.ns.api_key
         if not key or self.command == "OPTIONS" or path.startswith(OPEN_PATHS):
@@ -102,6 +111,13 @@ class Handler(BaseHTTPRequestHandler):
         self._dispatch("PUT")
 
     def _dispatch(self, method: str) -> None:
+        self.server.track(+1)
+        try:
+            self._dispatch_request(method)
+        finally:
+            self.server.track(-1)
+
+    def _dispatch_request(self, method: str) -> None:
         path = self.path.split("?", 1)[0]
         self._raw = self._read_body()
         if not self._authorized(path):
@@ -148,48 +164,36 @@ class Handler(BaseHTTPRequestHandler):
         return None
 
     def _generation(self, route: Callable[[], None]) -> None:
-        if not self.state.enter():
-            self._json(503, {"error": {"message": SHUTTING_DOWN, "type": "service_unavailable", "code": 503}})
-            return
+        """Generation requests are admitted while the server drains, as SGLang's are (it never checks)."""
         try:
             route()
         except GenerationError as exc:
             self._json(exc.status, {"error": {"message": str(exc)}})
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             self._json(400, {"error": {"message": f"Invalid JSON body: {exc}"}})
-        except (BrokenPipeError, ConnectionResetError):
+        except (BrokenPipeError, ConnectionResetError, ClientGone):
             self.close_connection = True
-        finally:
-            self.state.leave()
 
     # -- native endpoints -------------------------------------------------------------------------------------
     def health(self) -> None:
-        if self.state.ns.health_generates and self.state.status == UP:
-            self.health_generate()
-            return
-        self._empty(200 if self.state.status == UP else 503)
+        self._empty(health.health_generate(self.state, "/health"))
 
     def health_generate(self) -> None:
-        if self.state.status != UP:
-            self._empty(503)
-            return
-        done = threading.Event()
-
-        def probe() -> None:
-            request = new_request("health", None, parse_sampling({"max_new_tokens": 1, "temperature": 0.0}), False)
-            self.state.engine.generate(request)
-            done.set()
-
-        threading.Thread(target=probe, daemon=True).start()
-        self._empty(200 if done.wait(self.state.ns.health_check_timeout) else 503)
+        self._empty(health.health_generate(self.state, "/health_generate"))
 
     def ready(self) -> None:
-        self._empty(200 if self.state.status == UP else 503)
+        self._empty(200 if self.state.is_healthy() else 503)
 
     def model_info(self) -> None:
         self._json(200, info.model_info(self.state.ns, self.state.model))
 
     def server_info(self) -> None:
+        self.state.start_handle_loop()
+        try:
+            self.state.engine.wait_scheduler(self._client_gone)  # GetInternalStateReq needs a live scheduler
+        except ClientGone:
+            self.close_connection = True
+            return
         self._json(200, self.state.server_info())
 
     def models(self) -> None:
@@ -213,6 +217,12 @@ class Handler(BaseHTTPRequestHandler):
         self._json(200, info.model_card(name, self.state.model))
 
     def flush_cache(self) -> None:
+        self.state.start_handle_loop()
+        try:
+            self.state.engine.wait_scheduler(self._client_gone)
+        except ClientGone:
+            self.close_connection = True
+            return
         self._send(
             200,
             b"Cache flushed.\nPlease check backend logs for more details. (When there are running or "
@@ -224,6 +234,7 @@ class Handler(BaseHTTPRequestHandler):
         spec = self.state.spec
         body = metrics.render(
             self.state.engine.stats,
+            gauges=self.state.engine.gauges(),
             model_name=self.state.ns.served_model_name,
             spec_steps=spec.num_steps if spec.enabled else None,
             spec_draft_tokens=spec.num_draft_tokens,
@@ -251,11 +262,11 @@ class Handler(BaseHTTPRequestHandler):
         prompt_tokens = None if texts is not None else len(ids)
         request = new_request(prompt, prompt_tokens, sampling, stream, body.get("rid"))
         if not stream:
-            self._json(200, self.state.engine.generate(request))
+            self._json(200, self.state.generate(request, client_gone=self._client_gone))
             return
-        self.state.engine.validate(request)
+        self.state.validate(request)
         self._start_stream()
-        final = self.state.engine.generate(request, self._event)
+        final = self.state.generate(request, self._event, client_gone=self._client_gone)
         self._event(final)
         self._end_stream()
 
@@ -266,13 +277,20 @@ class Handler(BaseHTTPRequestHandler):
         def run(index: int) -> None:
             rid = rids[index] if isinstance(rids, list) and index < len(rids) else None
             tokens = None if texts is not None else len(ids[index])
-            results[index] = self.state.engine.generate(new_request(prompts[index], tokens, sampling, False, rid))
+            try:
+                request = new_request(prompts[index], tokens, sampling, False, rid)
+                results[index] = self.state.generate(request, client_gone=self._client_gone)
+            except ClientGone as exc:
+                results[index] = exc
 
         threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(prompts))]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
+        gone = next((r for r in results if isinstance(r, ClientGone)), None)
+        if gone is not None:
+            raise gone
         return results
 
     # -- OpenAI endpoints -------------------------------------------------------------------------------------
@@ -287,7 +305,9 @@ class Handler(BaseHTTPRequestHandler):
         if not isinstance(body, dict):
             raise GenerationError("The request body must be a JSON object.")
         if not body.get("stream"):
-            self._json(200, openai_api.complete(self.state.engine, body, self.state.ns.served_model_name, chat, None))
+            name = self.state.ns.served_model_name
+            answer = openai_api.complete(self.state, body, name, chat, None, self._client_gone)
+            self._json(200, answer)
             return
         started = {"yes": False}
 
@@ -297,7 +317,7 @@ class Handler(BaseHTTPRequestHandler):
                 started["yes"] = True
             self._event(obj)
 
-        openai_api.complete(self.state.engine, body, self.state.ns.served_model_name, chat, send)
+        openai_api.complete(self.state, body, self.state.ns.served_model_name, chat, send, self._client_gone)
         self._end_stream()
 
 
@@ -305,6 +325,26 @@ class SimHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
     request_queue_size = 1024
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._active = 0
+        self._active_lock = threading.Condition()
+
+    def track(self, change: int) -> None:
+        with self._active_lock:
+            self._active += change
+            self._active_lock.notify_all()
+
+    def active_requests(self) -> int:
+        with self._active_lock:
+            return self._active
+
+    def wait_idle(self, poll_s: float = 0.1) -> None:
+        """uvicorn's shutdown: wait (no limit) until every request being answered is done."""
+        with self._active_lock:
+            while self._active:
+                self._active_lock.wait(poll_s)
 
 
 def make_server(state: ServerState) -> SimHTTPServer:

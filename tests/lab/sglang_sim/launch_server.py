@@ -1,40 +1,71 @@
 """`python -m sglang_sim.launch_server`: the simulated SGLang server's main process.
 
-Order of a launch, as SGLang's: validate arguments; read the installed sglang (modified sources must
-compile, the algorithm must exist; a modified source may declare faults, see sources.py); fork the
-schedulers and the detokenizer and wait for every scheduler to load; only then listen on HTTP; /health
-turns 200 after the warm-up. SIGTERM drains.
+Order of a launch, as sglang/launch_server.py, sglang/srt/server_args.py (`prepare_server_args`, with the
+`--config` merge), sglang/srt/entrypoints/engine.py (`_launch_subprocesses`) and
+sglang/srt/entrypoints/http_server.py (`launch_server`, uvicorn): the interpreter (the wheel needs Python
+>= 3.11), the config file, the arguments; the installed sglang (modified sources must compile, the algorithm
+must exist; a modified source may declare faults, see sources.py); `server_args=` logged; the schedulers and
+the detokenizer started, every scheduler loaded; the subprocess watchdog; uvicorn's startup (the warm-up
+thread starts, then the port is bound); /health 503 until the warm-up is done. lifecycle.py takes it from there.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import shlex
 import signal
 import sys
-import threading
-import time
+import warnings
 
-from . import args, faults, info, logs, sources, spec_args, specmodel
-from .engine import Engine, EngineConfig, new_request, parse_sampling
+from . import args, configfile, faults, info, lifecycle, logs, sources, spec_args, specmodel
+from .engine import Engine, EngineConfig
 from .http_api import make_server
 from .scheduler import RankPlan, rank_names, run_detokenizer, run_scheduler
 from .state import ServerState
-from .supervisor import ChildFailed, Supervisor
+from .supervisor import Supervisor
 
 logger = logging.getLogger("sglang_sim")
 
-SCHEDULER_EXIT_GRACE_S = 5.0
-DRAIN_LOG_INTERVAL_S = 5.0
-WARMUP_PROMPT = "The capital city of France is"
-DEFAULT_HEALTH_CHECK_TIMEOUT = 20.0
-TRUE_VALUES = ("1", "true", "yes", "on")
+REQUIRED_PYTHON = (3, 11)  # the wheel's METADATA: Requires-Python: >=3.11
+DEFAULT_HEALTH_CHECK_TIMEOUT = 20
+BOOL_TRUE = ("true", "1", "yes", "y")  # environ.py EnvBool
+BOOL_FALSE = ("false", "0", "no", "n")
+
+
+def _env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    if raw.lower() in BOOL_TRUE:
+        return True
+    if raw.lower() in BOOL_FALSE:
+        return False
+    warnings.warn(
+        f'Invalid value for {name}: "{raw.lower()}" is not a valid boolean value, using default "{default}"',
+        stacklevel=2,
+    )
+    return default
+
+
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        warnings.warn(
+            f'Invalid value for {name}: "{raw}" is not a valid float value, using default "{default}"',
+            stacklevel=2,
+        )
+        return default
 
 
 def _environment_settings(ns) -> None:
-    ns.health_check_timeout = float(os.environ.get("SGLANG_HEALTH_CHECK_TIMEOUT") or DEFAULT_HEALTH_CHECK_TIMEOUT)
-    ns.health_generates = os.environ.get("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "").lower() in TRUE_VALUES
+    """The variables SGLang reads: http_server.py's int() at import (a bad value is a traceback) and environ.py's."""
+    ns.health_check_timeout = int(os.getenv("SGLANG_HEALTH_CHECK_TIMEOUT", DEFAULT_HEALTH_CHECK_TIMEOUT))
+    ns.health_generates = _env_bool("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", True)
+    ns.warmup_timeout = _env_float("SGLANG_WARMUP_TIMEOUT", -1.0)
 
 
 def _resolve_spec(ns, installed: sources.InstalledSglang, model: info.ModelConfig) -> spec_args.SpecConfig:
@@ -54,7 +85,7 @@ def _resolve_spec(ns, installed: sources.InstalledSglang, model: info.ModelConfi
     )
 
 
-def _engine(ns, spec: spec_args.SpecConfig, model: info.ModelConfig) -> Engine:
+def _engine(ns, spec: spec_args.SpecConfig, model: info.ModelConfig, max_running: int) -> Engine:
     params = None
     if spec.enabled:
         params = specmodel.params_for(
@@ -63,6 +94,8 @@ def _engine(ns, spec: spec_args.SpecConfig, model: info.ModelConfig) -> Engine:
             ns.sim_spec_draft_step_cost,
             ns.sim_spec_topk_cost,
             ns.sim_spec_verify_token_cost,
+            ns.sim_spec_draft_batch_cost,
+            ns.sim_spec_verify_batch_cost,
         )
     return Engine(
         EngineConfig(
@@ -71,6 +104,7 @@ def _engine(ns, spec: spec_args.SpecConfig, model: info.ModelConfig) -> Engine:
             seed=ns.sim_seed,
             noise=ns.sim_noise,
             batch_slowdown=ns.sim_batch_slowdown,
+            max_running_requests=max_running,
             context_length=model.context_len,
             stream_interval=ns.stream_interval,
             incremental_streaming=ns.incremental_streaming_output,
@@ -81,7 +115,7 @@ def _engine(ns, spec: spec_args.SpecConfig, model: info.ModelConfig) -> Engine:
     )
 
 
-def _plans(ns, spec: spec_args.SpecConfig, model: info.ModelConfig) -> list[RankPlan]:
+def _plans(ns, spec: spec_args.SpecConfig, model: info.ModelConfig, installed) -> list[RankPlan]:
     draft_mib = 0
     if spec.enabled:
         draft_mib = specmodel.draft_memory_mib(
@@ -92,138 +126,36 @@ def _plans(ns, spec: spec_args.SpecConfig, model: info.ModelConfig) -> list[Rank
             ns.sim_mem_overhead_mib_per_draft_token,
         )
     architecture = (model.architectures or ["LlamaForCausalLM"])[0]
-    return [
-        RankPlan(
-            index=rank,
-            title=title,
-            log_prefix=prefix,
-            gpu=ns.rank_gpus[rank],
-            load_time=ns.sim_load_time,
-            weight_fraction=ns.sim_weight_fraction,
-            mem_fraction_static=ns.mem_fraction_static,
-            graph_mib=ns.sim_cuda_graph_mib,
-            draft_mib=draft_mib,
-            architecture=architecture,
-            log_level=ns.log_level,
-            crash=faults.CRASH_ON_LOAD in ns.faults and rank == 0,
-            never_load=faults.NEVER_LOAD in ns.faults,
-            orphan=faults.ORPHAN_SCHEDULERS in ns.faults,
+    plans = []
+    for rank, (title, prefix) in enumerate(rank_names(ns.tp_size, ns.dp_size)):
+        dp_rank, tp_rank = divmod(rank, ns.tp_size)
+        # engine.py / data_parallel_controller.py: base_gpu_id + dp offset + tp_rank * gpu_id_step
+        gpu_id = ns.base_gpu_id + dp_rank * ns.tp_size * ns.gpu_id_step + tp_rank * ns.gpu_id_step
+        plans.append(
+            RankPlan(
+                index=rank,
+                title=title,
+                log_prefix=prefix,
+                gpu_id=gpu_id,
+                tp_rank=tp_rank,
+                tp_size=ns.tp_size,
+                package_dir=installed.package_dir,
+                load_time=ns.sim_load_time,
+                weight_fraction=ns.sim_weight_fraction,
+                mem_fraction_static=ns.mem_fraction_static,
+                graph_mib=ns.sim_cuda_graph_mib,
+                draft_mib=draft_mib,
+                architecture=architecture,
+                log_level=ns.log_level,
+                crash=faults.CRASH_ON_LOAD in ns.faults and rank == 0,
+                never_load=faults.NEVER_LOAD in ns.faults,
+                orphan=faults.ORPHAN_SCHEDULERS in ns.faults,
+            )
         )
-        for rank, (title, prefix) in enumerate(rank_names(ns.tp_size, ns.dp_size))
-    ]
+    return plans
 
 
-class Server:
-    """The main process after validation: children, HTTP, warm-up, and the SIGTERM drain."""
-
-    def __init__(self, ns, state: ServerState):
-        self.ns = ns
-        self.state = state
-        self.supervisor = Supervisor()
-        self.stopping = threading.Event()
-        self.httpd = make_server(state)
-
-    def _on_sigterm(self, signum, frame) -> None:
-        self.stopping.set()
-
-    def bind(self) -> None:
-        """Take the port now, so a port in use fails before any GPU memory is claimed."""
-        self.httpd.server_bind()
-
-    def load(self, plans: list[RankPlan]) -> None:
-        self.supervisor.close_in_children = [self.httpd.fileno()]
-        signal.signal(signal.SIGQUIT, self.supervisor.on_sigquit)
-        parent = os.getpid()
-        for plan in plans:
-            self.supervisor.spawn(f"scheduler_{plan.index}", lambda fd, p=plan: run_scheduler(p, fd, parent))
-        self.supervisor.spawn("detokenizer", lambda fd: run_detokenizer(fd, parent, self.ns.log_level))
-        started = time.monotonic()
-        try:
-            self.state.reports = self.supervisor.wait_reports()
-        except ChildFailed as failure:
-            logger.error(str(failure))
-            self.supervisor.kill_tree_and_exit()
-        self.state.startup_time = time.monotonic() - started
-
-    def serve(self) -> int:
-        self.httpd.server_activate()
-        signal.signal(signal.SIGTERM, self._on_sigterm)
-        signal.signal(signal.SIGINT, self._on_sigterm)
-        threading.Thread(target=self.httpd.serve_forever, name="http", daemon=True).start()
-        logs.uvicorn_line(f"Started server process [{os.getpid()}]")
-        logs.uvicorn_line("Waiting for application startup.")
-        logs.uvicorn_line("Application startup complete.")
-        logs.uvicorn_line(f"Uvicorn running on http://{self.ns.host}:{self.ns.port} (Press CTRL+C to quit)")
-        threading.Thread(target=self._warmup, name="warmup", daemon=True).start()
-        while not self.stopping.wait(0.2):
-            dead = self.supervisor.dead_child()
-            if dead is not None:
-                logger.error(
-                    "Subprocess %s (pid=%d) crashed with exit code %s. Triggering SIGQUIT for cleanup...",
-                    dead.name,
-                    dead.pid,
-                    dead.exit_code,
-                )
-                self.supervisor.kill_tree_and_exit()
-            if self.supervisor.sigquit:
-                logger.error("SIGQUIT received. It usually means one child failed.")
-                self.supervisor.kill_tree_and_exit()
-        return self._shutdown()
-
-    def _warmup(self) -> None:
-        if self.stopping.wait(self.ns.sim_warmup_time):
-            return
-        engine = self.state.engine
-        if not self.ns.skip_server_warmup and not engine.hangs:
-            sampling = parse_sampling({"max_new_tokens": 8, "temperature": 0.0})
-            engine.generate(new_request(WARMUP_PROMPT, None, sampling, False))
-        if self.state.mark_up():
-            logger.info("The server is fired up and ready to roll!")
-
-    def _drain(self) -> None:
-        deadline = time.monotonic() + self.ns.sim_drain_time
-        slow = faults.SLOW_DRAIN in self.ns.faults
-        while True:
-            remaining = self.state.inflight
-            left = deadline - time.monotonic()
-            if left <= 0 or (remaining == 0 and not slow):
-                return
-            logger.info("Gracefully exiting... Remaining number of requests %d.", remaining)
-            if slow:
-                time.sleep(min(DRAIN_LOG_INTERVAL_S, left))
-            else:
-                self.state.wait_drained(min(DRAIN_LOG_INTERVAL_S, left))
-
-    def _shutdown(self) -> int:
-        logger.warning("SIGTERM received. Draining requests and shutting down...")
-        self.state.begin_drain()
-        self._drain()
-        self.state.engine.abort.set()
-        self.state.wait_drained(1.0)
-        orphan = faults.ORPHAN_SCHEDULERS in self.ns.faults
-        leftovers = self.supervisor.stop(SCHEDULER_EXIT_GRACE_S, kill_leftovers=not orphan)
-        if leftovers and orphan:
-            logger.warning(
-                "Schedulers still alive %gs after ShutdownReq; they ignore SIGTERM and are left running: %s",
-                SCHEDULER_EXIT_GRACE_S,
-                leftovers,
-            )
-        elif leftovers:
-            logger.warning(
-                "Schedulers still alive %gs after ShutdownReq, killing them before they released: %s",
-                SCHEDULER_EXIT_GRACE_S,
-                leftovers,
-            )
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        logs.uvicorn_line("Shutting down")
-        logs.uvicorn_line(f"Finished server process [{os.getpid()}]")
-        return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    ns, ignored = args.parse(argv)
+def _launch(ns, argv: list[str], ignored: list[str]) -> int:
     _environment_settings(ns)
     logs.configure(ns.log_level)
     if ignored:
@@ -246,28 +178,70 @@ def main(argv: list[str] | None = None) -> int:
     spec = _resolve_spec(ns, installed, model)
     for warning in spec.warnings:
         logger.warning(warning)
-    launch_command = shlex.join([sys.executable, "-m", "sglang_sim.launch_server", *argv])
-    state = ServerState(
-        ns, spec, model, _engine(ns, spec, model), version=installed.version(), launch_command=launch_command
-    )
-    logger.info("server_args=ServerArgs(%s)", ", ".join(f"{k}={v!r}" for k, v in state.args.items()))
+    server_args = info.server_args(ns, spec, model)
+    engine = _engine(ns, spec, model, server_args["max_running_requests"])
+    # launch_command: the (config-merged) arguments, as prepare_server_args records them.
+    state = ServerState(ns, spec, model, engine, version=installed.version(), launch_command=" ".join(argv))
+    logger.info("server_args=%r", state.args)
     if ns.faults:
-        logger.warning("sglang_sim faults on: %s", ", ".join(sorted(ns.faults)))
+        shown = [name if value is None else f"{name}={value}" for name, value in sorted(ns.faults.items())]
+        logger.warning("sglang_sim faults on: %s", ", ".join(shown))
     sources.compile_sources(modified)
-    server = Server(ns, state)
+
+    supervisor = Supervisor()
+    httpd = make_server(state)
+    life = lifecycle.Lifecycle(ns, state, supervisor, httpd)
+    signal.signal(signal.SIGQUIT, life._on_sigquit)  # launch_phase_sigquit_handler
+    supervisor.close_in_children = [httpd.fileno()]
     try:
-        server.bind()
+        for plan in _plans(ns, spec, model, installed):
+            supervisor.spawn(
+                f"scheduler_{plan.index}",
+                lambda report, control, p=plan: run_scheduler(p, report, control),
+                scheduler=True,
+                escapes_kill=plan.orphan,
+            )
+        supervisor.spawn("detokenizer", lambda report, control: run_detokenizer(report, control, ns.log_level), False)
+        state.reports = supervisor.wait_ready()
+        supervisor.start_watchdog()
+        return _uvicorn(ns, life, httpd)
+    finally:
+        supervisor.kill_process_tree(include_parent=False)  # launch_server.py's `finally`
+
+
+def _uvicorn(ns, life: lifecycle.Lifecycle, httpd) -> int:
+    life.install_signals()  # uvicorn's capture_signals
+    logs.uvicorn_line(f"Started server process [{os.getpid()}]")
+    logs.uvicorn_line("Waiting for application startup.")
+    life.start_warmup()  # the lifespan starts the warm-up thread
+    logs.uvicorn_line("Application startup complete.")
+    try:
+        httpd.server_bind()
     except OSError as exc:
-        logger.error(
-            "[Errno %s] error while attempting to bind on address ('%s', %s): %s",
-            exc.errno,
-            ns.host,
-            ns.port,
-            (exc.strerror or "").lower(),
+        logs.uvicorn_line(
+            f"[Errno {exc.errno}] error while attempting to bind on address ('{ns.host}', {ns.port}): "
+            f"{(exc.strerror or '').lower()}",
+            level="ERROR",
+        )
+        logs.uvicorn_line("Waiting for application shutdown.")
+        logs.uvicorn_line("Application shutdown complete.")
+        return 1
+    return life.serve()
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if sys.version_info < REQUIRED_PYTHON:
+        # pip will not install the wheel for an older interpreter, so `python -m sglang.launch_server` finds nothing.
+        print(
+            f"{sys.executable}: Error while finding module specification for 'sglang.launch_server' "
+            "(ModuleNotFoundError: No module named 'sglang')",
+            file=sys.stderr,
         )
         return 1
-    server.load(_plans(ns, spec, model))
-    return server.serve()
+    argv = configfile.merge(argv, args.store_true_keys(args.build_parser()))
+    ns, ignored = args.parse(argv)
+    return _launch(ns, argv, ignored)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,6 @@ def configure(level: str = "info", prefix: str = "") -> None:
     )
 
 
-def uvicorn_line(message: str) -> None:
-    """Uvicorn's own startup lines ("INFO:     Started server process [PID]")."""
-    print(f"INFO:     {message}", file=sys.stderr, flush=True)
+def uvicorn_line(message: str, level: str = "INFO") -> None:
+    """Uvicorn's own lines ("INFO:     Started server process [PID]"): the level, a colon, padded to 10."""
+    print(f"{level + ':':<10}{message}", file=sys.stderr, flush=True)

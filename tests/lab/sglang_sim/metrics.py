@@ -1,4 +1,11 @@
-"""Server statistics and their Prometheus exposition under SGLang's metric names (sglang:...)."""
+"""Server statistics and their Prometheus exposition under SGLang's metric names (sglang:...).
+
+Names, labels and kinds follow sglang/srt/observability/metrics_collector.py: the scheduler's gauges
+(SchedulerMetricsCollector: num_running_reqs, num_queue_reqs, gen_throughput, ...) carry model_name,
+engine_type, tp_rank, pp_rank, moe_ep_rank; the tokenizer's counters (TokenizerMetricsCollector) carry
+model_name and engine_type, prompt_tokens_total and generation_tokens_total also is_streaming, and
+are counted when a request finishes (observe_one_finished_request), not per token.
+"""
 
 from __future__ import annotations
 
@@ -48,10 +55,9 @@ class Stats:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.running = 0
         self.requests = {"true": 0, "false": 0}
-        self.prompt_tokens = 0
-        self.generation_tokens = 0
+        self.prompt_tokens = {"true": 0, "false": 0}
+        self.generation_tokens = {"true": 0, "false": 0}
         self.verify_ct = 0
         self.spec_tokens = 0
         self.correct_drafts = 0
@@ -60,20 +66,12 @@ class Stats:
         self.e2e = {"true": Histogram(E2E_BUCKETS), "false": Histogram(E2E_BUCKETS)}
         self._recent: deque = deque()
 
-    def started(self) -> None:
-        with self._lock:
-            self.running += 1
-
-    def stopped(self) -> None:
-        with self._lock:
-            self.running -= 1
-
     def finished(self, request: FinishedRequest) -> None:
         key = "true" if request.streaming else "false"
         with self._lock:
             self.requests[key] += 1
-            self.prompt_tokens += request.prompt_tokens
-            self.generation_tokens += request.completion_tokens
+            self.prompt_tokens[key] += request.prompt_tokens
+            self.generation_tokens[key] += request.completion_tokens
             if request.verify_ct:
                 self.verify_ct += request.verify_ct
                 self.spec_tokens += request.completion_tokens
@@ -136,6 +134,7 @@ def _histogram(lines: list, name: str, doc: str, base: dict, by_stream: dict) ->
 def render(
     stats: Stats,
     *,
+    gauges: tuple[int, int, float],
     model_name: str,
     spec_steps: int | None,
     spec_draft_tokens: int | None,
@@ -146,14 +145,17 @@ def render(
     tokenizer = {"model_name": model_name, "engine_type": "unified"}
     sched = _labels(scheduler)
     lines: list = []
-    _metric(lines, "sglang:num_running_reqs", "gauge", "The number of running requests.", [("", sched, stats.running)])
-    _metric(lines, "sglang:num_queue_reqs", "gauge", "The number of requests in the waiting queue.", [("", sched, 0)])
+    running, queued, gen_throughput = gauges
+    _metric(lines, "sglang:num_running_reqs", "gauge", "The number of running requests.", [("", sched, running)])
+    _metric(
+        lines, "sglang:num_queue_reqs", "gauge", "The number of requests in the waiting queue.", [("", sched, queued)]
+    )
     _metric(
         lines,
         "sglang:gen_throughput",
         "gauge",
         "The generation throughput (token/s).",
-        [("", sched, stats.gen_throughput())],
+        [("", sched, gen_throughput)],
     )
     _metric(lines, "sglang:cache_hit_rate", "gauge", "The prefix cache hit rate.", [("", sched, 0.0)])
     usage = used_tokens / max_total_num_tokens if max_total_num_tokens else 0.0
@@ -200,20 +202,20 @@ def render(
         "sglang:prompt_tokens_total",
         "counter",
         "Number of prefill tokens processed.",
-        [("", tok, stats.prompt_tokens)],
+        [("", _labels(tokenizer, is_streaming=key), value) for key, value in stats.prompt_tokens.items()],
     )
     _metric(
         lines,
         "sglang:generation_tokens_total",
         "counter",
         "Number of generation tokens processed.",
-        [("", tok, stats.generation_tokens)],
+        [("", _labels(tokenizer, is_streaming=key), value) for key, value in stats.generation_tokens.items()],
     )
     _metric(
         lines,
         "sglang:spec_verify_calls_total",
         "counter",
-        "Number of speculative verify calls.",
+        "Number of speculative decoding verification calls.",
         [("", tok, stats.verify_ct)],
     )
     _metric(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from .engine import Engine, GenerationError, Sampling, new_request, parse_sampling
+from .engine import GenerationError, Sampling, new_request, parse_sampling
 
 
 def chat_prompt(messages) -> str:
@@ -55,9 +55,7 @@ def _check_n(body: dict) -> None:
         raise GenerationError("The simulated server supports n=1 only.")
 
 
-def complete(
-    engine: Engine, body: dict, served_model: str, chat: bool, send: Callable[[dict], None] | None
-) -> dict | None:
+def complete(runner, body: dict, served_model: str, chat: bool, send: Callable[[dict], None] | None, client_gone=None):
     """Answer one request; with `send` (streaming) every chunk goes through it and None is returned."""
     _check_n(body)
     if chat:
@@ -73,7 +71,7 @@ def complete(
     created = int(time.time())
     kind = "chat.completion" if chat else "text_completion"
     if send is None:
-        out = engine.generate(request)
+        out = runner.generate(request, client_gone=client_gone)
         meta = out["meta_info"]
         reason, matched = _finish(meta)
         if chat:
@@ -101,15 +99,13 @@ def complete(
             "usage": _usage(meta),
             "metadata": {"weight_version": meta["weight_version"]},
         }
-    _stream(engine, request, body, model=model, created=created, chat=chat, send=send)
+    _stream(runner, request, body, model=model, created=created, chat=chat, send=send, client_gone=client_gone)
     return None
 
 
-def _stream(
-    engine: Engine, request, body: dict, *, model: str, created: int, chat: bool, send: Callable[[dict], None]
-) -> None:
+def _stream(runner, request, body: dict, *, model: str, created: int, chat: bool, send, client_gone) -> None:
     kind = "chat.completion.chunk" if chat else "text_completion"
-    incremental = engine.config.incremental_streaming
+    incremental = runner.config.incremental_streaming
     sent = {"length": 0}
 
     def chunk(text: str, reason=None, matched=None) -> dict:
@@ -139,12 +135,12 @@ def _stream(
         sent["length"] = len(out["text"])
         return text
 
-    engine.validate(request)
+    runner.validate(request)
     if chat:
         first = chunk("")
         first["choices"][0]["delta"]["role"] = "assistant"
         send(first)
-    final = engine.generate(request, lambda out: send(chunk(delta(out))))
+    final = runner.generate(request, lambda out: send(chunk(delta(out))), client_gone=client_gone)
     meta = final["meta_info"]
     reason, matched = _finish(meta)
     send(chunk(delta(final), reason, matched))

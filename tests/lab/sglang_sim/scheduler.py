@@ -1,8 +1,12 @@
 """The child processes: one scheduler per rank (it loads the model into its GPU's memory) and the detokenizer.
 
-Each runs in a forked copy of the launcher, retitles itself as SGLang's do, and reports on a pipe.
-A scheduler that fails logs "Scheduler hit an exception: <traceback>" and sends SIGQUIT to its parent,
-as SGLang's run_scheduler_process does.
+Each runs in a forked copy of the launcher and behaves as sglang/srt/managers/scheduler.py
+`run_scheduler_process` and sglang/srt/managers/detokenizer_manager.py `run_detokenizer_process`:
+`kill_itself_when_parent_died()` first (sglang/srt/utils/common.py: prctl(PR_SET_PDEATHSIG, SIGKILL)), then
+setproctitle; no SIGTERM handler (SIGTERM kills them at once); a scheduler that fails logs "Scheduler hit an
+exception: <traceback>" and sends SIGQUIT to its parent; a ShutdownReq (the main process's drain) makes a
+scheduler leave its loop and exit 0. The scheduler's GPU is the CUDA device `gpu_id` of those
+CUDA_VISIBLE_DEVICES leaves visible (cuda_devices.py), as torch.cuda.set_device(gpu_id) in model_runner.py.
 """
 
 from __future__ import annotations
@@ -14,8 +18,9 @@ import signal
 import time
 import traceback
 from dataclasses import dataclass
+from pathlib import Path
 
-from . import gpu_claims, proctitle
+from . import cuda_devices, gpu_claims, jit, proctitle
 from .logs import configure
 
 logger = logging.getLogger("sglang_sim.scheduler")
@@ -25,7 +30,17 @@ KV_PHASE = 0.85
 WEIGHT_CHUNKS = 10
 CRASH_AT_CHUNK = 5
 KV_BYTES_PER_TOKEN = 128 * 1024
-PARENT_POLL_S = 0.5
+NO_DRIVER = (
+    "Found no NVIDIA driver on your system. Please check that you have an NVIDIA GPU and installed a driver from "
+    "http://www.nvidia.com/Download/index.aspx"
+)
+INVALID_ORDINAL = (
+    "CUDA error: invalid device ordinal\n"
+    "GPU device may be out of range, do you have enough GPUs?\n"
+    "CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below might be "
+    "incorrect.\nFor debugging consider passing CUDA_LAUNCH_BLOCKING=1\n"
+    "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.\n"
+)
 CUDA_GRAPH_CAPTURE_FAILED_MSG = (
     "Possible solutions:\n"
     "1. set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7)\n"
@@ -39,7 +54,12 @@ class OutOfMemoryError(RuntimeError):
     """Stands for torch.OutOfMemoryError, so the traceback's last line reads like PyTorch's."""
 
 
+class AcceleratorError(RuntimeError):
+    """Stands for torch.AcceleratorError (torch >= 2.8 raises it for CUDA errors)."""
+
+
 OutOfMemoryError.__module__ = "torch"
+AcceleratorError.__module__ = "torch"
 
 
 @dataclass(frozen=True)
@@ -47,7 +67,10 @@ class RankPlan:
     index: int
     title: str
     log_prefix: str
-    gpu: gpu_claims.SimGpu
+    gpu_id: int
+    tp_rank: int
+    tp_size: int
+    package_dir: Path | None
     load_time: float
     weight_fraction: float
     mem_fraction_static: float
@@ -74,13 +97,38 @@ def rank_names(tp_size: int, dp_size: int) -> list[tuple[str, str]]:
     return names
 
 
+def _device(plan: RankPlan) -> cuda_devices.CudaDevice:
+    """torch.cuda.set_device(gpu_id) as model_runner.py calls it, with its warning on failure."""
+    try:
+        gpus = gpu_claims.read_gpus()
+    except gpu_claims.StateError as exc:
+        if not gpu_claims.state_dir().joinpath("gpus").exists():
+            raise RuntimeError(NO_DRIVER) from None
+        raise RuntimeError(f"simgpu: {exc}") from None
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    devices = cuda_devices.visible_devices(gpus, visible)
+    if not devices:
+        raise RuntimeError("No CUDA GPUs are available")
+    if plan.gpu_id >= len(devices):
+        logger.warning(
+            "Context: self.device='cuda' get_device().gpu_id=%d os.environ.get('CUDA_VISIBLE_DEVICES')=%r "
+            "get_parallel().tp_rank=%d get_parallel().tp_size=%d",
+            plan.gpu_id,
+            visible,
+            plan.tp_rank,
+            plan.tp_size,
+        )
+        raise AcceleratorError(INVALID_ORDINAL)
+    return devices[plan.gpu_id]
+
+
 def _gib(mib: float) -> float:
     return mib / 1024
 
 
-def _oom_message(gpu: gpu_claims.SimGpu, wanted_mib: int, free_mib: int, own_mib: int) -> str:
+def _oom_message(gpu_id: int, gpu: cuda_devices.CudaDevice, wanted_mib: int, free_mib: int, own_mib: int) -> str:
     return (
-        f"CUDA out of memory. Tried to allocate {_gib(wanted_mib):.2f} GiB. GPU {gpu.index} has a total capacity of "
+        f"CUDA out of memory. Tried to allocate {_gib(wanted_mib):.2f} GiB. GPU {gpu_id} has a total capacity of "
         f"{_gib(gpu.total_mib):.2f} GiB of which {_gib(max(free_mib, 0)):.2f} GiB is free. Including non-PyTorch "
         f"memory, this process has {_gib(own_mib):.2f} GiB memory in use. Of the allocated memory "
         f"{_gib(own_mib):.2f} GiB is allocated by PyTorch, and 0 bytes is reserved by PyTorch but unallocated. "
@@ -98,9 +146,10 @@ class Loader:
         self.pid = os.getpid()
         self.claimed = 0
         self.start = time.monotonic()
+        self.gpu = _device(plan)
 
     def _free(self) -> int:
-        return gpu_claims.free_mib(self.plan.gpu)
+        return gpu_claims.free_mib(self.gpu, exclude_pid=self.pid) - self.claimed
 
     def _sleep_until(self, fraction: float) -> None:
         delay = self.start + self.plan.load_time * fraction - time.monotonic()
@@ -110,13 +159,13 @@ class Loader:
     def _claim(self, mib: int) -> None:
         self.claimed += mib
         if not self.plan.never_load:
-            gpu_claims.write_claim(self.plan.gpu.index, self.pid, self.claimed)
+            gpu_claims.write_claim(self.gpu, self.pid, self.claimed)
 
     def load(self) -> dict:
         plan = self.plan
         started_free = self._free()
         logger.info("Load weight begin. avail mem=%.2f GB", _gib(started_free))
-        weight_mib = int(plan.weight_fraction * plan.gpu.total_mib)
+        weight_mib = int(plan.weight_fraction * self.gpu.total_mib)
         for chunk in range(1, WEIGHT_CHUNKS + 1):
             self._sleep_until(WEIGHT_PHASE * chunk / WEIGHT_CHUNKS)
             if plan.crash and chunk == CRASH_AT_CHUNK:
@@ -124,7 +173,7 @@ class Loader:
             wanted = weight_mib * chunk // WEIGHT_CHUNKS - self.claimed
             free = self._free()
             if not plan.never_load and wanted > free:
-                raise OutOfMemoryError(_oom_message(plan.gpu, wanted, free, self.claimed))
+                raise OutOfMemoryError(_oom_message(plan.gpu_id, self.gpu, wanted, free, self.claimed))
             self._claim(wanted)
         logger.info(
             "Load weight end. elapsed=%.2f s, type=%s, avail mem=%.2f GB, mem usage=%.2f GB.",
@@ -134,11 +183,12 @@ class Loader:
             _gib(weight_mib),
         )
         self._sleep_until(KV_PHASE)
-        reserved = plan.gpu.total_mib * (1.0 - plan.mem_fraction_static)
+        jit.load_kernel(plan.package_dir)
+        reserved = self.gpu.total_mib * (1.0 - plan.mem_fraction_static)
         kv_mib = (
             int(self._free() - reserved)
             if not plan.never_load
-            else int(plan.gpu.total_mib * plan.mem_fraction_static - weight_mib)
+            else int(self.gpu.total_mib * plan.mem_fraction_static - weight_mib)
         )
         if kv_mib <= 0:
             raise RuntimeError(
@@ -160,7 +210,7 @@ class Loader:
         if not plan.never_load and overhead > free:
             raise RuntimeError(
                 "Capture cuda graph failed: "
-                + _oom_message(plan.gpu, overhead, free, self.claimed)
+                + _oom_message(plan.gpu_id, self.gpu, overhead, free, self.claimed)
                 + "\n"
                 + CUDA_GRAPH_CAPTURE_FAILED_MSG
             )
@@ -174,7 +224,7 @@ class Loader:
         return {
             "rank": plan.index,
             "pid": self.pid,
-            "gpu": plan.gpu.index,
+            "gpu": self.gpu.label,
             "weight_mib": weight_mib,
             "kv_mib": kv_mib,
             "graph_mib": overhead,
@@ -184,65 +234,51 @@ class Loader:
         }
 
 
-def _idle(parent_pid: int, watch_parent: bool) -> None:
+def _serve(control_fd: int, obeys_shutdown: bool) -> int:
+    """The event loop: blocks until ShutdownReq (then 0). SIGTERM or the parent-death SIGKILL end it sooner."""
     while True:
-        time.sleep(PARENT_POLL_S)
-        if watch_parent and os.getppid() != parent_pid:
-            return
+        try:
+            data = os.read(control_fd, 64)
+        except InterruptedError:
+            continue
+        if not data:
+            # The main process is gone without our parent-death signal: a real scheduler blocks on its
+            # socket forever, holding its GPU memory.
+            while True:
+                signal.pause()
+        if obeys_shutdown and b"shutdown" in data:
+            return 0
 
 
-def _exit_on_sigterm(cleanup) -> None:
-    def handler(signum, frame):
-        cleanup()
-        os._exit(0)
-
-    signal.signal(signal.SIGTERM, handler)
-
-
-def run_scheduler(plan: RankPlan, report_fd: int, parent_pid: int) -> int:
+def run_scheduler(plan: RankPlan, report_fd: int, control_fd: int) -> int:
     """Body of a scheduler process; returns its exit status."""
-    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    proctitle.set_title(plan.title)
-    configure(plan.log_level, plan.log_prefix)
-
-    def cleanup() -> None:
-        gpu_claims.remove_claim(plan.gpu.index, os.getpid())
-
+    parent_pid = os.getppid()
     if plan.orphan:
+        # The fault: a scheduler that outlives its parent on every path, as one that escaped its process tree.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
     else:
-        _exit_on_sigterm(cleanup)
-        proctitle.set_parent_death_signal(signal.SIGTERM)
-        if os.getppid() != parent_pid:
-            cleanup()
-            return 0
+        proctitle.set_parent_death_signal(signal.SIGKILL)
+    proctitle.set_title(plan.title)
+    configure(plan.log_level, plan.log_prefix)
     try:
         report = Loader(plan).load()
         os.write(report_fd, (json.dumps(report) + "\n").encode())
     except Exception:
         logger.error("Scheduler hit an exception: %s", traceback.format_exc())
-        cleanup()
         try:
             os.kill(parent_pid, signal.SIGQUIT)
         except ProcessLookupError:
             pass
         return 1
-    _idle(parent_pid, watch_parent=not plan.orphan)
-    cleanup()
-    return 0
+    status = _serve(control_fd, obeys_shutdown=not plan.orphan)
+    gpu_claims.mark_exiting(os.getpid())  # leaving the loop releases the GPU memory
+    return status
 
 
-def run_detokenizer(report_fd: int, parent_pid: int, log_level: str) -> int:
-    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+def run_detokenizer(report_fd: int, control_fd: int, log_level: str) -> int:
+    proctitle.set_parent_death_signal(signal.SIGKILL)
     proctitle.set_title("sglang::detokenizer")
     configure(log_level)
-    _exit_on_sigterm(lambda: None)
-    proctitle.set_parent_death_signal(signal.SIGTERM)
-    if os.getppid() != parent_pid:
-        return 0
     os.write(report_fd, b'{"detokenizer": true}\n')
-    _idle(parent_pid, watch_parent=True)
-    return 0
+    return _serve(control_fd, obeys_shutdown=False)

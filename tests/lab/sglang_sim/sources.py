@@ -144,7 +144,7 @@ def compile_sources(paths: list[Path]) -> None:
         compile(path.read_bytes(), str(path), "exec", dont_inherit=True)
 
 
-def declared_faults(installed: InstalledSglang, paths: list[Path]) -> dict[str, frozenset[str]]:
+def declared_faults(installed: InstalledSglang, paths: list[Path]) -> dict[str, dict]:
     """Faults named by `# sglang-sim-fault:` lines in the given (modified) files, by path relative to site-packages.
 
     Raises ValueError naming the file and the line for an unknown fault.
@@ -152,10 +152,10 @@ def declared_faults(installed: InstalledSglang, paths: list[Path]) -> dict[str, 
     declared = {}
     for path in paths:
         relative = path.relative_to(installed.site_dir).as_posix()
-        names: frozenset[str] = frozenset()
+        names: dict = {}
         for match in FAULT_MARKER.finditer(path.read_text(errors="replace")):
             try:
-                names |= faults.parse_faults([match.group(1)])
+                names.update(faults.parse_faults([match.group(1)]))
             except ValueError as exc:
                 raise ValueError(f"{relative}: {match.group(0).strip()!r}: {exc}") from None
         if names:

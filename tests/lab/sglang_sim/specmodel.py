@@ -1,8 +1,9 @@
-"""The speculative-decoding model: accept length, step cost, speed-up and draft memory.
+"""The speculative-decoding model: accept length, step cost (growing with the batch), speed-up and draft memory.
 
-Pure functions of (steps, top-k, draft tokens) and a few parameters; tests/lab/README.md states the
-formulas and their defaults. The per-request noise is seeded, so the same seed and request id give
-the same numbers.
+Pure functions of (steps, top-k, draft tokens, running requests) and a few parameters; tests/lab/README.md
+states the formulas, their defaults and where the defaults come from (sgl-project/sglang pull request 22246
+measured Qwen3-235B-A22B + EAGLE: the best step count is 4 at batch size 1 and 2 at batch size 64). The
+per-request noise is seeded, so the same seed and request id give the same numbers.
 """
 
 from __future__ import annotations
@@ -33,14 +34,24 @@ PROFILES = {
 DEFAULT_PROFILE = AlgorithmProfile(0.65)
 
 
+DEFAULT_BATCH_SLOWDOWN = 0.033
+DEFAULT_DRAFT_STEP_COST = 0.09
+DEFAULT_TOPK_COST = 0.15
+DEFAULT_VERIFY_TOKEN_COST = 0.015
+DEFAULT_DRAFT_BATCH_COST = 0.02
+DEFAULT_VERIFY_BATCH_COST = 1.0
+
+
 @dataclass(frozen=True)
 class SpecParams:
     """Model parameters; each has a --sim-spec-* flag."""
 
     accept_prob: float = 0.70
-    draft_step_cost: float = 0.08
-    topk_cost: float = 0.15
-    verify_token_cost: float = 0.015
+    draft_step_cost: float = DEFAULT_DRAFT_STEP_COST
+    topk_cost: float = DEFAULT_TOPK_COST
+    verify_token_cost: float = DEFAULT_VERIFY_TOKEN_COST
+    draft_batch_cost: float = DEFAULT_DRAFT_BATCH_COST
+    verify_batch_cost: float = DEFAULT_VERIFY_BATCH_COST
     draft_cost_scale: float = 1.0
     block_draft: bool = False
 
@@ -48,9 +59,11 @@ class SpecParams:
 def params_for(
     algorithm: str,
     accept_prob: float | None = None,
-    draft_step_cost: float = 0.08,
-    topk_cost: float = 0.15,
-    verify_token_cost: float = 0.015,
+    draft_step_cost: float = DEFAULT_DRAFT_STEP_COST,
+    topk_cost: float = DEFAULT_TOPK_COST,
+    verify_token_cost: float = DEFAULT_VERIFY_TOKEN_COST,
+    draft_batch_cost: float = DEFAULT_DRAFT_BATCH_COST,
+    verify_batch_cost: float = DEFAULT_VERIFY_BATCH_COST,
 ) -> SpecParams:
     profile = PROFILES.get(algorithm.upper(), DEFAULT_PROFILE)
     return SpecParams(
@@ -58,6 +71,8 @@ def params_for(
         draft_step_cost=draft_step_cost,
         topk_cost=topk_cost,
         verify_token_cost=verify_token_cost,
+        draft_batch_cost=draft_batch_cost,
+        verify_batch_cost=verify_batch_cost,
         draft_cost_scale=profile.draft_cost_scale,
         block_draft=profile.block_draft,
     )
@@ -92,17 +107,67 @@ def accept_length(steps: int, topk: int, draft_tokens: int, params: SpecParams) 
     return 1.0 + q * (1.0 - q**depth) / (1.0 - q)
 
 
-def step_cost(steps: int, topk: int, draft_tokens: int, params: SpecParams) -> float:
-    """Time of one draft-and-verify step, in units of one plain decode step."""
+def plain_step_cost(running: int = 1, batch_slowdown: float = DEFAULT_BATCH_SLOWDOWN) -> float:
+    """One plain decode step with `running` requests in the batch, in units of a step with one request."""
+    return 1.0 + batch_slowdown * (max(running, 1) - 1)
+
+
+def step_cost(
+    steps: int,
+    topk: int,
+    draft_tokens: int,
+    params: SpecParams,
+    running: int = 1,
+    batch_slowdown: float = DEFAULT_BATCH_SLOWDOWN,
+) -> float:
+    """Time of one draft-and-verify step with `running` requests in the batch, in single-request decode steps.
+
+    The target's forward grows like a plain step; the draft's forwards grow slowly; the extra verify tokens
+    cost little alone but grow fast with the batch (they are compute, not memory reads): what moves the best
+    step count down as the load rises.
+    """
+    others = max(running, 1) - 1
     draft_steps = 1 if params.block_draft else steps
     draft = params.draft_step_cost * params.draft_cost_scale * draft_steps * (1.0 + params.topk_cost * (topk - 1))
     verify = params.verify_token_cost * max(0, draft_tokens - 1)
-    return 1.0 + draft + verify
+    return (
+        plain_step_cost(running, batch_slowdown)
+        + draft * (1.0 + params.draft_batch_cost * others)
+        + verify * (1.0 + params.verify_batch_cost * others)
+    )
 
 
-def speedup(steps: int, topk: int, draft_tokens: int, params: SpecParams) -> float:
-    """Decode throughput relative to no speculation."""
-    return accept_length(steps, topk, draft_tokens, params) / step_cost(steps, topk, draft_tokens, params)
+def speedup(
+    steps: int,
+    topk: int,
+    draft_tokens: int,
+    params: SpecParams,
+    running: int = 1,
+    batch_slowdown: float = DEFAULT_BATCH_SLOWDOWN,
+) -> float:
+    """Decode throughput relative to no speculation at the same batch size."""
+    cost = step_cost(steps, topk, draft_tokens, params, running, batch_slowdown)
+    return accept_length(steps, topk, draft_tokens, params) * plain_step_cost(running, batch_slowdown) / cost
+
+
+def throughput(
+    steps: int,
+    topk: int,
+    draft_tokens: int,
+    params: SpecParams,
+    running: int = 1,
+    batch_slowdown: float = DEFAULT_BATCH_SLOWDOWN,
+) -> float:
+    """Output tokens per single-request decode step, over the whole batch of `running` requests."""
+    cost = step_cost(steps, topk, draft_tokens, params, running, batch_slowdown)
+    return max(running, 1) * accept_length(steps, topk, draft_tokens, params) / cost
+
+
+def best_steps(
+    params: SpecParams, running: int, candidates=range(1, 9), batch_slowdown: float = DEFAULT_BATCH_SLOWDOWN
+) -> int:
+    """The EAGLE top-k 1 step count (draft tokens = steps + 1) with the highest throughput at this batch size."""
+    return max(candidates, key=lambda s: throughput(s, 1, s + 1, params, running, batch_slowdown))
 
 
 def noisy_accept_length(mean: float, draft_tokens: int, noise: float, seed: int, request_id: str) -> float:

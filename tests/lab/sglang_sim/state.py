@@ -1,17 +1,23 @@
-"""The server's shared state: configuration, the engine, the lifecycle status and the requests in flight."""
+"""The server's shared state: configuration, the engine, TokenizerManager's status flags and its requests.
+
+Mirrors sglang/srt/managers/tokenizer_manager.py: `server_status` (Starting, Up, UnHealthy),
+`gracefully_exit` (set by the SIGTERM handler), and `rid_to_state` (every request from its arrival until
+its output or an acknowledged abort, health checks included), which the SIGTERM drain waits on.
+"""
 
 from __future__ import annotations
 
 import threading
+import time
 
 from . import info
-from .engine import Engine
+from .engine import ClientGone, Engine
 
-STARTING, UP, DRAINING = "Starting", "Up", "Draining"
+STARTING, UP, UNHEALTHY = "Starting", "Up", "UnHealthy"
 
 
 class ServerState:
-    """What the handlers read: configuration, the engine, the lifecycle status and in-flight requests."""
+    """What the handlers read and the lifecycle changes."""
 
     def __init__(self, ns, spec, model: info.ModelConfig, engine: Engine, *, version: str, launch_command: str):
         self.ns = ns
@@ -22,46 +28,72 @@ class ServerState:
         self.launch_command = launch_command
         self.args = info.server_args(ns, spec, model)
         self.status = STARTING
+        self.gracefully_exit = False
         self.startup_time = 0.0
         self.reports: list = []
-        self._inflight = 0
-        self._lock = threading.Condition()
+        self._rids: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self.first_request = threading.Event()  # TokenizerManager.auto_create_handle_loop has run
+        self.handle_loop_started: float | None = None
 
     @property
     def max_total_num_tokens(self) -> int:
         tokens = [r.get("max_total_num_tokens", 0) for r in self.reports if "rank" in r]
         return min(tokens) if tokens else 0
 
-    def enter(self) -> bool:
-        with self._lock:
-            if self.status == DRAINING:
-                return False
-            self._inflight += 1
-            return True
+    def is_healthy(self) -> bool:
+        """TokenizerManager.is_healthy: up and not shutting down."""
+        return not self.gracefully_exit and self.status == UP
 
-    def leave(self) -> None:
+    def start_handle_loop(self) -> None:
+        """auto_create_handle_loop: from the first request on, TokenizerManager handles SIGTERM."""
         with self._lock:
-            self._inflight -= 1
-            self._lock.notify_all()
+            if self.handle_loop_started is None:
+                self.handle_loop_started = time.monotonic()
+        self.first_request.set()
 
+    def enter(self, rid: str) -> None:
+        """A request reaches generate_request (rid_to_state gets it; the handle loop exists from now on)."""
+        self.start_handle_loop()
+        with self._lock:
+            self._rids[rid] = self._rids.get(rid, 0) + 1
+
+    def leave(self, rid: str) -> None:
+        with self._lock:
+            left = self._rids.get(rid, 0) - 1
+            if left > 0:
+                self._rids[rid] = left
+            else:
+                self._rids.pop(rid, None)
+
+    def remaining(self) -> list[str]:
+        with self._lock:
+            return list(self._rids)
+
+    # -- generate_request: the engine, with the request in rid_to_state until it answers ------------------------
     @property
-    def inflight(self) -> int:
-        with self._lock:
-            return self._inflight
+    def config(self):
+        return self.engine.config
 
-    def mark_up(self) -> bool:
-        with self._lock:
-            if self.status == STARTING:
-                self.status = UP
-            return self.status == UP
+    def validate(self, request) -> None:
+        self.engine.validate(request)
 
-    def begin_drain(self) -> None:
-        with self._lock:
-            self.status = DRAINING
+    def generate(self, request, emit=None, client_gone=None) -> dict:
+        """A disconnected client's request stays in rid_to_state when the stuck scheduler never acknowledges it."""
+        self.enter(request.rid)
+        kept = False
+        try:
+            return self.engine.generate(request, emit, client_gone)
+        except ClientGone as exc:
+            kept = exc.kept
+            raise
+        finally:
+            if not kept:
+                self.leave(request.rid)
 
-    def wait_drained(self, timeout: float) -> bool:
+    def set_status(self, status: str) -> None:
         with self._lock:
-            return self._lock.wait_for(lambda: self._inflight == 0, timeout)
+            self.status = status
 
     def server_info(self) -> dict:
         rank0 = next((r for r in self.reports if r.get("rank") == 0), {})
@@ -76,7 +108,7 @@ class ServerState:
             self.args,
             self.ns,
             startup_time=self.startup_time,
-            last_gen_throughput=self.engine.stats.gen_throughput(),
+            last_gen_throughput=self.engine.gauges()[2],
             memory=memory,
             avg_accept_length=self.engine.stats.avg_accept_length(),
         )

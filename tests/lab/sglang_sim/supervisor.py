@@ -1,4 +1,12 @@
-"""The launcher's children: fork them, collect their reports, notice deaths, stop them, or kill the whole tree."""
+"""The main process's children: start them, wait for the schedulers to load, watch them, stop them, kill the tree.
+
+Follows sglang/srt/entrypoints/engine.py (`_wait_for_scheduler_ready`, `_scheduler_died_error`: a scheduler that
+dies while loading is found by a 5 s poll and raises in the main process), sglang/srt/utils/watchdog.py
+(`SubprocessWatchdog`: every 1.0 s, a child that exited with a non-zero code is a crash, logged as
+"Subprocess NAME (pid=P) crashed with exit code C. Triggering SIGQUIT for cleanup..." before the main process
+sends itself SIGQUIT) and sglang/srt/utils/common.py (`kill_process_tree`: SIGKILL every child; with
+include_parent the process then SIGKILLs itself; without it, it waits up to 60 s for the children to be reaped).
+"""
 
 from __future__ import annotations
 
@@ -8,13 +16,19 @@ import os
 import select
 import signal
 import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
 from typing import Callable
 
+from . import gpu_claims
+
 logger = logging.getLogger("sglang_sim")
-POLL_S = 0.1
+READY_POLL_S = 5.0  # _wait_for_scheduler_ready: pipe.poll(timeout=5.0)
+WATCHDOG_INTERVAL_S = 1.0  # SubprocessWatchdog(interval=1.0)
+REAP_TIMEOUT_S = 60.0  # kill_process_tree(wait_timeout=60)
+SHUTDOWN = b"shutdown\n"
 
 
 @dataclass
@@ -22,143 +36,170 @@ class Child:
     name: str
     pid: int
     report_fd: int
+    control_fd: int
+    scheduler: bool
+    escapes_kill: bool = False
     buffer: bytes = b""
     reports: list = field(default_factory=list)
     exit_code: int | None = None
 
 
-class ChildFailed(Exception):
-    """A child died or signalled failure (SIGQUIT) while the launcher waited for it."""
-
-
 class Supervisor:
     def __init__(self) -> None:
         self.children: list[Child] = []
-        self.sigquit = False
         self.close_in_children: list[int] = []
+        self._watchdog_stop = threading.Event()
+        self._watchdog: threading.Thread | None = None
+        self._lock = threading.Lock()
 
-    def on_sigquit(self, signum, frame) -> None:
-        self.sigquit = True
+    # -- starting ---------------------------------------------------------------------------------------------
+    def spawn(self, name: str, body: Callable[[int, int], int], scheduler: bool, escapes_kill: bool = False) -> Child:
+        """Fork; the child runs body(report_fd, control_fd) with default signal handling and exits with its status.
 
-    def spawn(self, name: str, body: Callable[[int], int]) -> Child:
-        """Fork; the child runs body(report_fd) and exits with its return value."""
-        read_fd, write_fd = os.pipe()
+        SGLang's children are fresh spawn-method interpreters: nothing of the parent's signal handling survives.
+        """
+        report_r, report_w = os.pipe()
+        control_r, control_w = os.pipe()
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
             status = 1
             try:
-                os.close(read_fd)
-                for fd in self.close_in_children + [c.report_fd for c in self.children]:
+                for signum in (signal.SIGTERM, signal.SIGQUIT, signal.SIGHUP, signal.SIGCHLD):
+                    signal.signal(signum, signal.SIG_DFL)
+                signal.signal(signal.SIGINT, signal.default_int_handler)
+                os.close(report_r)
+                os.close(control_w)
+                for fd in self.close_in_children:
                     os.close(fd)
-                status = body(write_fd)
+                for other in self.children:
+                    os.close(other.report_fd)
+                    os.close(other.control_fd)
+                status = body(report_w, control_r)
             except BaseException:
                 traceback.print_exc()
             finally:
                 sys.stdout.flush()
                 sys.stderr.flush()
                 os._exit(status)
-        os.close(write_fd)
-        child = Child(name, pid, read_fd)
+        os.close(report_w)
+        os.close(control_r)
+        child = Child(name, pid, report_r, control_w, scheduler, escapes_kill)
         self.children.append(child)
         return child
 
-    def _read_reports(self, timeout: float) -> None:
-        open_fds = [c.report_fd for c in self.children if c.report_fd >= 0]
-        if not open_fds:
-            time.sleep(timeout)
-            return
-        ready, _writable, _failed = select.select(open_fds, [], [], timeout)
-        for child in self.children:
-            if child.report_fd not in ready:
-                continue
-            data = os.read(child.report_fd, 65536)
-            if not data:
-                os.close(child.report_fd)
-                child.report_fd = -1
-                continue
-            child.buffer += data
-            while b"\n" in child.buffer:
-                line, child.buffer = child.buffer.split(b"\n", 1)
-                child.reports.append(json.loads(line))
+    @property
+    def schedulers(self) -> list[Child]:
+        return [c for c in self.children if c.scheduler]
 
-    def dead_child(self) -> Child | None:
-        """The first child that exited since the last call (reaped), or None."""
+    def _read_report(self, child: Child, timeout: float) -> str:
+        """'report', 'eof' or 'timeout' for one child's pipe."""
+        ready, _w, _x = select.select([child.report_fd], [], [], timeout)
+        if not ready:
+            return "timeout"
+        data = os.read(child.report_fd, 65536)
+        if not data:
+            return "eof"
+        child.buffer += data
+        while b"\n" in child.buffer:
+            line, child.buffer = child.buffer.split(b"\n", 1)
+            child.reports.append(json.loads(line))
+        return "report" if child.reports else self._read_report(child, timeout)
+
+    def wait_ready(self) -> list[dict]:
+        """Every scheduler's load report, in rank order; RuntimeError as SGLang raises when one died."""
+        reports = []
+        for rank, child in enumerate(self.schedulers):
+            while not child.reports:
+                outcome = self._read_report(child, READY_POLL_S)
+                if outcome == "eof":
+                    raise self._died_error(rank, child)
+                if outcome == "timeout":
+                    for other_rank, other in enumerate(self.schedulers):
+                        if self.poll(other) is not None:
+                            raise self._died_error(other_rank, other)
+            reports.append(child.reports[0])
+        return reports
+
+    def _died_error(self, rank: int, child: Child) -> RuntimeError:
+        deadline = time.monotonic() + 10  # proc.join(timeout=10)
+        while self.poll(child) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return RuntimeError(
+            f"Rank {rank} scheduler died during initialization (exit code: {child.exit_code}). "
+            "If exit code is -9 (SIGKILL), a common cause is the OS OOM killer. "
+            "Run `dmesg -T | grep -i oom` to check."
+        )
+
+    # -- watching ---------------------------------------------------------------------------------------------
+    def poll(self, child: Child) -> int | None:
+        """The child's exit code once it has exited (reaping it, as multiprocessing's is_alive() does)."""
+        with self._lock:
+            if child.exit_code is None:
+                try:
+                    pid, status = os.waitpid(child.pid, os.WNOHANG)
+                except ChildProcessError:
+                    pid, status = child.pid, 0
+                if pid:
+                    child.exit_code = os.waitstatus_to_exitcode(status)
+                    gpu_claims.mark_exiting(child.pid)
+            return child.exit_code
+
+    def start_watchdog(self) -> None:
+        self._watchdog = threading.Thread(target=self._watch, name="subprocess-watchdog", daemon=True)
+        self._watchdog.start()
+
+    def _watch(self) -> None:
+        while not self._watchdog_stop.wait(WATCHDOG_INTERVAL_S):
+            for child in self.children:
+                code = self.poll(child)
+                if code is None or code == 0:
+                    continue
+                logger.error(
+                    "Subprocess %s (pid=%d) crashed with exit code %s. Triggering SIGQUIT for cleanup...",
+                    child.name,
+                    child.pid,
+                    code,
+                )
+                os.kill(os.getpid(), signal.SIGQUIT)
+                return
+
+    def stop_watchdog(self) -> None:
+        self._watchdog_stop.set()
+        if self._watchdog is not None and self._watchdog is not threading.current_thread():
+            self._watchdog.join(timeout=WATCHDOG_INTERVAL_S * 2)
+
+    # -- stopping ---------------------------------------------------------------------------------------------
+    def send_shutdown(self) -> None:
+        """ShutdownReq: the schedulers leave their event loop and exit."""
+        for child in self.schedulers:
+            try:
+                os.write(child.control_fd, SHUTDOWN)
+            except OSError:
+                pass
+
+    def live_schedulers(self) -> list[Child]:
+        return [c for c in self.schedulers if self.poll(c) is None]
+
+    def kill_process_tree(self, include_parent: bool) -> None:
+        """SIGKILL every child (those that escaped the tree aside); then this process, or wait for their reaping."""
+        pid = os.getpid()
+        logger.info("kill_process_tree called: parent_pid=%d, include_parent=%s, pid=%d", pid, include_parent, pid)
+        killed = []
         for child in self.children:
-            if child.exit_code is not None:
+            if child.escapes_kill or self.poll(child) is not None:
                 continue
             try:
-                pid, status = os.waitpid(child.pid, os.WNOHANG)
-            except ChildProcessError:
-                pid, status = child.pid, 0
-            if pid:
-                child.exit_code = os.waitstatus_to_exitcode(status)
-                return child
-        return None
-
-    def wait_reports(self) -> list[dict]:
-        """Block until every child reported once; raise ChildFailed on SIGQUIT or a child's death."""
-        while True:
-            if self.sigquit:
-                raise ChildFailed("Received sigquit from a child process. It usually means the child failed.")
-            self._read_reports(POLL_S)
-            if all(c.reports for c in self.children):
-                return [c.reports[0] for c in self.children]
-            dead = self.dead_child()
-            if dead is not None and not dead.reports:
-                self._read_reports(0)
-                if self.sigquit:
-                    continue
-                raise ChildFailed(
-                    f"Subprocess {dead.name} (pid={dead.pid}) crashed with exit code "
-                    f"{dead.exit_code}. Triggering SIGQUIT for cleanup..."
-                )
-
-    def alive(self) -> list[Child]:
-        while self.dead_child() is not None:
-            pass
-        return [c for c in self.children if c.exit_code is None]
-
-    def stop(self, grace: float, kill_leftovers: bool) -> list[int]:
-        """SIGTERM every child, wait up to `grace`; SIGKILL the rest if asked. Returns PIDs left running."""
-        for child in self.alive():
-            _signal(child.pid, signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        while self.alive() and time.monotonic() < deadline:
-            time.sleep(POLL_S)
-        leftovers = [c.pid for c in self.alive()]
-        if leftovers and kill_leftovers:
-            for pid in leftovers:
-                _signal(pid, signal.SIGKILL)
-            while self.alive() and time.monotonic() < deadline + grace:
-                time.sleep(POLL_S)
-        return leftovers
-
-    def kill_tree_and_exit(self) -> None:
-        """SGLang's kill_process_tree(os.getpid()): SIGKILL the children, then this process."""
-        for child in self.children:
-            if child.exit_code is None:
-                _signal(child.pid, signal.SIGKILL)
-        for child in self.children:
-            if child.exit_code is None:
-                _reap(child.pid)
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
-def _reap(pid: int) -> None:
-    """Wait for a killed child, so it does not linger as a zombie under an init that never reaps."""
-    try:
-        os.waitpid(pid, 0)
-    except ChildProcessError:
-        pass
-
-
-def _signal(pid: int, signum: int) -> None:
-    try:
-        os.kill(pid, signum)
-    except ProcessLookupError:
-        pass
+                os.kill(child.pid, signal.SIGKILL)
+                killed.append(child)
+            except ProcessLookupError:
+                pass
+        if include_parent:
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + REAP_TIMEOUT_S
+        while any(self.poll(c) is None for c in killed) and time.monotonic() < deadline:
+            time.sleep(0.02)

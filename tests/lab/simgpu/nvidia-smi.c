@@ -29,7 +29,7 @@ static const char usage[] =
     "nvidia-smi [-i ID[,ID...]] [-L | --query-gpu=FIELDS | --query-compute-apps=FIELDS] [--format=csv[,noheader][,nounits]]\n"
     "\n"
     "    -h, --help                  Print this help.\n"
-    "    -L, --list-gpus             One line per GPU: \"GPU 0: NAME (UUID: GPU-...)\".\n"
+    "    -L, --list-gpus             One line per GPU: \"GPU 0: NAME (UUID: GPU-...)\", MIG devices below it.\n"
     "    -i, --id=ID                 Only these GPUs: indices or UUIDs, comma separated.\n"
     "    --query-gpu=FIELDS          index, uuid, gpu_uuid, name, gpu_name, memory.total, memory.used,\n"
     "                                memory.free, driver_version, count, utilization.gpu, utilization.memory\n"
@@ -186,6 +186,30 @@ static int select_gpus(const char *ids, struct smi_gpus *gpus)
     return SMI_EXIT_NOT_FOUND;
 }
 
+/* The MIG devices of a GPU in index order: nvidia-smi -L lists them under their GPU. */
+static void list_mig_devices(nvmlDevice_t gpu, const char *gpu_name)
+{
+    unsigned max = 0;
+    if (nvmlDeviceGetMaxMigDeviceCount(gpu, &max) != NVML_SUCCESS)
+        return;
+    for (unsigned k = 0; k < max; k++) {
+        nvmlDevice_t mig;
+        char name[NVML_DEVICE_NAME_V2_BUFFER_SIZE], uuid[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
+        nvmlReturn_t result = nvmlDeviceGetMigDeviceHandleByIndex(gpu, k, &mig);
+        if (result == NVML_ERROR_NOT_FOUND)
+            continue;
+        smi_check("nvmlDeviceGetMigDeviceHandleByIndex", result);
+        smi_check("nvmlDeviceGetName", nvmlDeviceGetName(mig, name, sizeof(name)));
+        smi_check("nvmlDeviceGetUUID", nvmlDeviceGetUUID(mig, uuid, sizeof(uuid)));
+        /* The device name is "<GPU name> MIG <profile>"; the listing shows the profile. */
+        const char *profile = name;
+        size_t prefix = strlen(gpu_name);
+        if (strncmp(name, gpu_name, prefix) == 0 && strncmp(name + prefix, " MIG ", 5) == 0)
+            profile = name + prefix + 5;
+        printf("  MIG %-12sDevice %2u: (UUID: %s)\n", profile, k, uuid);
+    }
+}
+
 static void list_gpus(const struct smi_gpus *gpus)
 {
     for (unsigned g = 0; g < gpus->count; g++) {
@@ -195,6 +219,7 @@ static void list_gpus(const struct smi_gpus *gpus)
         smi_check("nvmlDeviceGetName", nvmlDeviceGetName(gpus->handles[g], name, sizeof(name)));
         smi_check("nvmlDeviceGetUUID", nvmlDeviceGetUUID(gpus->handles[g], uuid, sizeof(uuid)));
         printf("GPU %u: %s (UUID: %s)\n", index, name, uuid);
+        list_mig_devices(gpus->handles[g], name);
     }
 }
 
@@ -213,16 +238,24 @@ static void table_row(const char *fmt, ...)
 static void print_gpu_rows(const struct smi_gpus *gpus)
 {
     for (unsigned g = 0; g < gpus->count; g++) {
-        char name[NVML_DEVICE_NAME_V2_BUFFER_SIZE];
+        char name[NVML_DEVICE_NAME_V2_BUFFER_SIZE], memory_text[64] = "N/A", util_text[16] = "N/A";
         unsigned index;
         nvmlMemory_t memory;
         nvmlUtilization_t rates;
         smi_check("nvmlDeviceGetIndex", nvmlDeviceGetIndex(gpus->handles[g], &index));
         smi_check("nvmlDeviceGetName", nvmlDeviceGetName(gpus->handles[g], name, sizeof(name)));
-        smi_check("nvmlDeviceGetMemoryInfo", nvmlDeviceGetMemoryInfo(gpus->handles[g], &memory));
-        smi_check("nvmlDeviceGetUtilizationRates", nvmlDeviceGetUtilizationRates(gpus->handles[g], &rates));
-        table_row("%3u  %-40.40s %9lluMiB / %9lluMiB %8u%%", index, name, memory.used / BYTES_PER_MIB,
-                  memory.total / BYTES_PER_MIB, rates.gpu);
+        nvmlReturn_t result = nvmlDeviceGetMemoryInfo(gpus->handles[g], &memory);
+        if (result == NVML_SUCCESS)
+            snprintf(memory_text, sizeof(memory_text), "%9lluMiB / %9lluMiB", memory.used / BYTES_PER_MIB,
+                     memory.total / BYTES_PER_MIB);
+        else if (result != NVML_ERROR_NO_PERMISSION)
+            smi_fail("nvmlDeviceGetMemoryInfo", result);
+        result = nvmlDeviceGetUtilizationRates(gpus->handles[g], &rates);
+        if (result == NVML_SUCCESS)
+            snprintf(util_text, sizeof(util_text), "%8u%%", rates.gpu);
+        else if (result != NVML_ERROR_NOT_SUPPORTED)
+            smi_fail("nvmlDeviceGetUtilizationRates", result);
+        table_row("%3u  %-40.40s %27s %9s", index, name, memory_text, util_text);
     }
 }
 
@@ -234,7 +267,7 @@ static int print_process_rows(const struct smi_gpus *gpus)
         unsigned count = 256, index;
         smi_check("nvmlDeviceGetIndex", nvmlDeviceGetIndex(gpus->handles[g], &index));
         nvmlReturn_t result = nvmlDeviceGetComputeRunningProcesses_v3(gpus->handles[g], &count, infos);
-        if (result == NVML_ERROR_INSUFFICIENT_SIZE)
+        if (result == NVML_ERROR_INSUFFICIENT_SIZE || result == NVML_ERROR_NO_PERMISSION)
             continue; /* more than the summary shows; the CSV query lists them all */
         smi_check("nvmlDeviceGetComputeRunningProcesses_v3", result);
         for (unsigned p = 0; p < count; p++) {

@@ -21,7 +21,7 @@ static ssize_t read_proc_file(unsigned pid, const char *leaf, char *buf, size_t 
     return len;
 }
 
-int sim_pid_alive(unsigned int pid)
+char sim_pid_state(unsigned int pid)
 {
     char stat[1024];
     if (pid == 0 || read_proc_file(pid, "stat", stat, sizeof(stat)) <= 0)
@@ -30,8 +30,7 @@ int sim_pid_alive(unsigned int pid)
     const char *paren = strrchr(stat, ')');
     if (!paren || paren[1] != ' ' || paren[2] == '\0')
         return 0;
-    char state = paren[2];
-    return state != 'Z' && state != 'X' && state != 'x';
+    return paren[2];
 }
 
 int sim_process_name(unsigned int pid, char *out, unsigned int size)

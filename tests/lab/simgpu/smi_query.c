@@ -42,26 +42,44 @@ static void gpu_name(nvmlDevice_t device, char *cell)
     smi_check("nvmlDeviceGetName", nvmlDeviceGetName(device, cell, CELL_SIZE));
 }
 
-static nvmlMemory_t memory_of(nvmlDevice_t device)
+/* nvidia-smi prints a bracketed reason instead of a value it cannot read. */
+static int unavailable(nvmlReturn_t result, char *cell)
+{
+    if (result == NVML_ERROR_NOT_SUPPORTED)
+        snprintf(cell, CELL_SIZE, "[N/A]");
+    else if (result == NVML_ERROR_NO_PERMISSION)
+        snprintf(cell, CELL_SIZE, "[Insufficient Permissions]");
+    else
+        return 0;
+    return 1;
+}
+
+enum memory_field { MEMORY_TOTAL, MEMORY_USED, MEMORY_FREE };
+
+static void memory_value(nvmlDevice_t device, char *cell, enum memory_field which)
 {
     nvmlMemory_t memory;
-    smi_check("nvmlDeviceGetMemoryInfo", nvmlDeviceGetMemoryInfo(device, &memory));
-    return memory;
+    nvmlReturn_t result = nvmlDeviceGetMemoryInfo(device, &memory);
+    if (unavailable(result, cell))
+        return;
+    smi_check("nvmlDeviceGetMemoryInfo", result);
+    unsigned long long bytes = which == MEMORY_TOTAL ? memory.total : which == MEMORY_USED ? memory.used : memory.free;
+    snprintf(cell, CELL_SIZE, "%llu", bytes / BYTES_PER_MIB);
 }
 
 static void memory_total(nvmlDevice_t device, char *cell)
 {
-    snprintf(cell, CELL_SIZE, "%llu", memory_of(device).total / BYTES_PER_MIB);
+    memory_value(device, cell, MEMORY_TOTAL);
 }
 
 static void memory_used(nvmlDevice_t device, char *cell)
 {
-    snprintf(cell, CELL_SIZE, "%llu", memory_of(device).used / BYTES_PER_MIB);
+    memory_value(device, cell, MEMORY_USED);
 }
 
 static void memory_free(nvmlDevice_t device, char *cell)
 {
-    snprintf(cell, CELL_SIZE, "%llu", memory_of(device).free / BYTES_PER_MIB);
+    memory_value(device, cell, MEMORY_FREE);
 }
 
 static void driver_version(nvmlDevice_t device, char *cell)
@@ -78,18 +96,24 @@ static void gpu_count(nvmlDevice_t device, char *cell)
     snprintf(cell, CELL_SIZE, "%u", count);
 }
 
-static void utilization_gpu(nvmlDevice_t device, char *cell)
+static void utilization_value(nvmlDevice_t device, char *cell, int memory_rate)
 {
     nvmlUtilization_t rates;
-    smi_check("nvmlDeviceGetUtilizationRates", nvmlDeviceGetUtilizationRates(device, &rates));
-    snprintf(cell, CELL_SIZE, "%u", rates.gpu);
+    nvmlReturn_t result = nvmlDeviceGetUtilizationRates(device, &rates);
+    if (unavailable(result, cell))
+        return;
+    smi_check("nvmlDeviceGetUtilizationRates", result);
+    snprintf(cell, CELL_SIZE, "%u", memory_rate ? rates.memory : rates.gpu);
+}
+
+static void utilization_gpu(nvmlDevice_t device, char *cell)
+{
+    utilization_value(device, cell, 0);
 }
 
 static void utilization_memory(nvmlDevice_t device, char *cell)
 {
-    nvmlUtilization_t rates;
-    smi_check("nvmlDeviceGetUtilizationRates", nvmlDeviceGetUtilizationRates(device, &rates));
-    snprintf(cell, CELL_SIZE, "%u", rates.memory);
+    utilization_value(device, cell, 1);
 }
 
 static void app_pid(const struct app_row *row, char *cell)
@@ -200,7 +224,7 @@ static void print_cell(unsigned position, const struct field *field, const char 
 {
     const char *unit = unit_text(field->unit);
     printf("%s%s", position ? ", " : "", cell);
-    if (unit && format->units)
+    if (unit && format->units && cell[0] != '[')
         printf(" %s", unit);
 }
 
@@ -234,6 +258,10 @@ static nvmlProcessInfo_t *compute_processes(nvmlDevice_t device, unsigned *count
         if (result == NVML_SUCCESS)
             return infos;
         free(infos);
+        if (result == NVML_ERROR_NO_PERMISSION) {
+            *count = 0;
+            return NULL;
+        }
         if (result != NVML_ERROR_INSUFFICIENT_SIZE)
             smi_fail("nvmlDeviceGetComputeRunningProcesses_v3", result);
         capacity = *count + 8;

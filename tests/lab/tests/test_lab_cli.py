@@ -30,6 +30,9 @@ def run_lab(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
         (["--hosts", "two"], "--hosts must be an integer from 1 to 127, got 'two'"),
         (["--hosts", "128"], "--hosts must be from 1 to 127, got 128"),
         (["--gpus", "0"], "--gpus must be from 1 to 16, got 0"),
+        (["--mig", "0:4"], "--mig 0:4: MIG split 4: accepted counts are 1, 2, 3 and 7"),
+        (["--mig", "two"], "--mig must be GPU:SPEC"),
+        (["--gpus", "2", "--mig", "2:2"], "--mig names GPU 2 but hosts have 2 GPU(s)"),
         (["--name", "Lab_1"], "--name must be 1-6 lowercase letters or digits"),
         (["--name", "lab1"], "--name must be 1-6 lowercase letters or digits"),
     ],
@@ -151,3 +154,27 @@ def test_each_host_has_cgroups_of_its_own():
         down = run_lab("down", "--name", name)
     assert down.returncode == 0, down.stderr
     assert leftovers(name) == []
+
+
+def test_each_host_gets_the_venvs_ninja_a_shared_claims_dir_and_its_mig_devices(tmp_path, monkeypatch):
+    from labctl import payload
+
+    build = tmp_path / "build"
+    build.mkdir()
+    for name in ("libnvidia-ml.so.1", "nvidia-smi", "simgpu-claim"):
+        (build / name).write_text("")
+    (build / "simgpu_state.py").write_text((payload.SIMGPU_SRC / "simgpu_state.py").read_text())
+    monkeypatch.setattr(payload, "run", lambda *a, **k: None)  # ldconfig
+    root = tmp_path / "root"
+    payload.install(root, "lab1", "10.213.0.2", "10.213.0.1", "ssh-ed25519 AAAA\n", 4, build, {1: "2", 3: "1g.10gb"})
+    ninja = root / "opt/sglang/venv/bin/ninja"
+    assert ninja.read_text().startswith("#!/opt/sglang/venv/bin/python\n") and ninja.stat().st_mode & 0o777 == 0o755
+    assert (root / "var/lib/simgpu/claims").stat().st_mode & 0o7777 == 0o1777
+    assert (root / "usr/local/lib/simgpu/simgpu_state.py").exists()
+    gpus = payload.simgpu_state.read_gpus(root / "var/lib/simgpu")
+    assert [len(g.mig) for g in gpus] == [0, 2, 0, 1]
+    assert [m.profile for m in gpus[1].mig] == ["3g.40gb", "3g.40gb"] and gpus[3].mig[0].total_mib == 9984
+    assert payload.mig_uuids("lab1", 4, {1: "2", 3: "1g.10gb"}) == [m.uuid for g in gpus for m in g.mig]
+    version = [sys.executable, str(payload.NINJA_STANDIN), "--version"]
+    stand_in = subprocess.run(version, capture_output=True, text=True, check=True)
+    assert stand_in.stdout == "1.13.0\n"

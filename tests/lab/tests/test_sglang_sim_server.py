@@ -6,195 +6,16 @@ directory and a minimal fake installed `sglang` (the speculative enum and a dist
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
 import os
 import signal
-import socket
 import subprocess
-import sys
-import threading
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-
-LAB_DIR = Path(__file__).resolve().parents[1]
-GPU_TOTAL = 81559
-API_KEY = "sk-lab"
-SPEC_INFO = """from enum import Enum, auto
-
-
-class SpeculativeAlgorithm(Enum):
-    DFLASH = auto()
-    EAGLE = auto()
-    EAGLE3 = auto()
-    STANDALONE = auto()
-    NGRAM = auto()
-    NONE = auto()
-"""
-FAKE_SOURCES = {
-    "sglang/__init__.py": "",
-    "sglang/srt/__init__.py": "",
-    "sglang/srt/speculative/__init__.py": "",
-    "sglang/srt/speculative/spec_info.py": SPEC_INFO,
-    "sglang/srt/speculative/spec_registry.py": '_RESERVED_ALIASES = frozenset({"NEXTN"})\n',
-    "sglang/srt/utils/__init__.py": "",
-    "sglang/srt/utils/common.py": "def is_cuda():\n    return True\n",
-}
-FAST = ["--sim-load-time", "0.3", "--sim-warmup-time", "0.1"]
-
-
-# -- environment ----------------------------------------------------------------------------------------------------
-def write_fake_sglang(site: Path) -> None:
-    """An installed-looking sglang: sources plus a dist-info whose RECORD hashes them."""
-    record = []
-    for relative, text in FAKE_SOURCES.items():
-        path = site / relative
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
-        record.append(f"{relative},sha256={digest},{len(text)}")
-    dist = site / "sglang-0.5.23.dist-info"
-    dist.mkdir()
-    (dist / "RECORD").write_text("\n".join([*record, "sglang-0.5.23.dist-info/RECORD,,"]) + "\n")
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.23\n")
-
-
-@pytest.fixture
-def lab_env(tmp_path) -> dict:
-    site = tmp_path / "site"
-    write_fake_sglang(site)
-    state = tmp_path / "simgpu"
-    (state / "claims").mkdir(parents=True)
-    (state / "gpus").write_text("".join(f"{i}\tGPU-{i:04d}-sim\t{GPU_TOTAL}\tNVIDIA H100 80GB HBM3\n" for i in (0, 1)))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_SIM_", "CUDA_VISIBLE"))}
-    env.update(PYTHONPATH=f"{LAB_DIR}{os.pathsep}{site}", SIMGPU_STATE_DIR=str(state), PYTHONUNBUFFERED="1")
-    return env
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def http(method: str, url: str, body=None, headers=None, timeout: float = 10):
-    """(status, body bytes) of one request; HTTP errors are answers too."""
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(url, data=data, method=method, headers=headers or {})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read()
-
-
-class Sim:
-    """One simulator process (own session, so cleanup reaches every descendant, orphans included)."""
-
-    def __init__(self, env: dict, argv: list[str]):
-        self.env = env
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "sglang_sim.launch_server",
-                "--model-path",
-                "org/sim-model",
-                "--port",
-                str(self.port),
-                *argv,
-            ],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
-
-    def get(self, path: str, **kwargs):
-        return http("GET", self.url + path, **kwargs)
-
-    def post(self, path: str, body: dict, **kwargs):
-        return http("POST", self.url + path, body, **kwargs)
-
-    def wait_healthy(self, timeout: float = 20) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, f"sim exited {self.proc.returncode}:\n{self.proc.stderr.read()}"
-            try:
-                if self.get("/health", timeout=1)[0] == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.05)
-        raise AssertionError("sim never became healthy")
-
-    def finish(self, timeout: float = 30) -> tuple[int, str]:
-        _stdout, err = self.proc.communicate(timeout=timeout)
-        return self.proc.returncode, err
-
-    def children(self) -> dict[int, str]:
-        """PID -> cmdline of this server's live processes (its process group) except the main process."""
-        found = {}
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit() or int(entry.name) == self.proc.pid:
-                continue
-            try:
-                stat = (entry / "stat").read_bytes()
-                if os.getpgid(int(entry.name)) == self.proc.pid and stat[stat.rindex(b")") + 2 :][:1] not in b"ZX":
-                    found[int(entry.name)] = (entry / "cmdline").read_bytes().decode()
-            except (OSError, ProcessLookupError):
-                continue
-        return found
-
-    def kill(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.communicate(timeout=10)
-
-
-@pytest.fixture
-def start(lab_env):
-    sims = []
-
-    def launch(*argv: str, env: dict | None = None, healthy: bool = True) -> Sim:
-        sim = Sim({**lab_env, **(env or {})}, list(argv))
-        sims.append(sim)
-        if healthy:
-            sim.wait_healthy()
-        return sim
-
-    yield launch
-    for sim in sims:
-        sim.kill()
-
-
-def claims(env: dict) -> dict[str, int]:
-    folder = Path(env["SIMGPU_STATE_DIR"]) / "claims"
-    return {p.name: int(p.read_text()) for p in folder.iterdir() if p.name.startswith("gpu")}
-
-
-def events(raw: bytes) -> list[str]:
-    text = raw.decode()
-    assert text.endswith("\n\n")
-    blocks = text[:-2].split("\n\n")
-    assert all(block.startswith("data: ") for block in blocks)
-    return [block[len("data: ") :] for block in blocks]
-
-
-def generate(sim: Sim, tokens: int, timeout: float = 10, **fields):
-    body = {"text": "Tell me about the lab.", "sampling_params": {"max_new_tokens": tokens, "temperature": 0}}
-    return sim.post("/generate", {**body, **fields}, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=timeout)
+from sim_support import API_KEY, FAST, GPU_TOTAL, LAB_DIR, SIMGPU_DIR, claims, events, generate
 
 
 # -- a healthy TP=2 server ------------------------------------------------------------------------------------------
@@ -390,54 +211,6 @@ def test_deep_speculation_runs_out_of_gpu_memory(start, lab_env):
 
 
 # -- lifecycle ------------------------------------------------------------------------------------------------------
-def test_sigterm_drains_in_flight_requests_then_exits_clean(start, lab_env):
-    sim = start("--tp-size", "2", "--sim-token-latency-ms", "20", "--enable-metrics", *FAST)
-    result = {}
-    worker = threading.Thread(target=lambda: result.update(answer=generate(sim, 40)))
-    worker.start()
-    deadline = time.monotonic() + 5
-    while "_reqs{" not in _running_line(sim) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    sim.proc.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + 5
-    while sim.get("/health")[0] != 503 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert sim.get("/health")[0] == 503
-    assert generate(sim, 1)[0] == 503
-    worker.join(10)
-    status, raw = result["answer"]
-    assert status == 200 and json.loads(raw)["meta_info"]["completion_tokens"] == 40
-    code, err = sim.finish()
-    assert code == 0, err
-    assert "Draining requests and shutting down" in err
-    assert claims(lab_env) == {} and sim.children() == {}
-
-
-def test_drain_is_bounded_and_aborts_what_is_still_running(start):
-    sim = start("--sim-fault", "generate-hang", "--sim-drain-time", "0.5", "--enable-metrics", *FAST)
-    result = {}
-    worker = threading.Thread(target=lambda: result.update(answer=generate(sim, 4)))
-    worker.start()
-    deadline = time.monotonic() + 5
-    while not _running_line(sim) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    sim.proc.send_signal(signal.SIGTERM)
-    code, _stderr = sim.finish()
-    worker.join(10)
-    assert code == 0
-    status, raw = result["answer"]
-    assert status == 200 and json.loads(raw)["meta_info"]["finish_reason"]["type"] == "abort"
-
-
-def _running_line(sim: Sim) -> str:
-    """The num_running_reqs sample when one request runs, else ''."""
-    text = sim.get("/metrics")[1].decode()
-    return next(
-        (line for line in text.splitlines() if line.startswith("sglang:num_running_reqs{") and line.endswith(" 1.0")),
-        "",
-    )
-
-
 def test_out_of_memory_when_another_process_holds_the_gpu(start, lab_env):
     holder = subprocess.Popen(["sleep", "60"])
     try:
@@ -458,7 +231,6 @@ def test_out_of_memory_when_another_process_holds_the_gpu(start, lab_env):
     [
         (["--sim-fault", "no-such-fault"], {}, "argument --sim-fault: unknown fault 'no-such-fault'"),
         (["--sim-warmup-time", "-2"], {}, "argument --sim-warmup-time (SGLANG_SIM_WARMUP_TIME): must be >= 0"),
-        (["--tp-size", "3"], {}, "argument --tp-size: --tp-size 3 x --dp-size 1 needs 3 GPUs"),
         (["--port", "0"], {}, "argument --port: must be in 1..65535"),
         ([], {"SGLANG_SIM_FAULTS": "bogus"}, "environment SGLANG_SIM_FAULTS: unknown fault 'bogus'"),
     ],
@@ -498,7 +270,7 @@ def test_syntax_error_in_an_installed_source_crashes_the_load(start, lab_env):
 
 
 def test_missing_sglang_is_a_clear_error(start, lab_env):
-    sim = start(*FAST, env={"PYTHONPATH": str(LAB_DIR)}, healthy=False)
+    sim = start(*FAST, env={"PYTHONPATH": f"{LAB_DIR}{os.pathsep}{SIMGPU_DIR}"}, healthy=False)
     code, err = sim.finish()
     assert code == 1 and "the sglang package is not installed" in err
 
@@ -511,13 +283,25 @@ def test_generate_hang_keeps_health_and_model_info(start):
         generate(sim, 4, timeout=0.5)
 
 
-def test_never_load_claims_nothing_but_serves_http(start, lab_env):
-    sim = start("--tp-size", "2", *FAST, env={"SGLANG_SIM_FAULTS": "never-load"})
-    assert sim.get("/health")[0] == 200 and sim.get("/v1/models")[0] == 200
+def test_never_load_claims_nothing_answers_http_and_never_warms_up(start, lab_env):
+    sim = start("--tp-size", "2", *FAST, env={"SGLANG_SIM_FAULTS": "never-load"}, healthy=False)
+    sim.wait_listening()
+    assert sim.get("/v1/models")[0] == 200 and sim.get("/model_info")[0] == 200
     assert claims(lab_env) == {}
     assert len(sim.children()) == 3
+    # The warm-up generation never finishes, so the server never leaves Starting.
+    time.sleep(1.0)
+    assert sim.get("/ready")[0] == 503 and sim.get("/health")[0] == 503
     with pytest.raises(OSError):
         generate(sim, 4, timeout=0.5)
+
+
+def test_a_warm_up_that_never_finishes_kills_the_server_after_its_timeout(start):
+    sim = start(*FAST, env={"SGLANG_SIM_FAULTS": "never-load", "SGLANG_WARMUP_TIMEOUT": "1"}, healthy=False)
+    code, err = sim.finish(timeout=30)
+    assert code == -signal.SIGKILL
+    assert "Initialization failed. warmup error" in err and "Read timed out. (read timeout=1)" in err
+    assert sim.children() == {}
 
 
 def test_degenerate_output(start):
@@ -542,14 +326,6 @@ def test_crash_on_load(start, lab_env):
     code, err = sim.finish()
     assert code != 0 and "Scheduler hit an exception: Traceback" in err and "crash-on-load" in err
     assert sim.children() == {}
-
-
-def test_slow_drain_takes_the_drain_time(start):
-    sim = start("--sim-fault", "slow-drain", "--sim-drain-time", "1.5", *FAST)
-    started = time.monotonic()
-    sim.proc.send_signal(signal.SIGTERM)
-    code, _stderr = sim.finish()
-    assert code == 0 and time.monotonic() - started >= 1.5
 
 
 def test_orphan_schedulers_outlive_the_main_process_and_keep_claims(start, lab_env):
