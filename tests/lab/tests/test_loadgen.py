@@ -12,7 +12,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from test_sglang_sim_server import lab_env, start  # noqa: F401 - fixtures, used by name
 
 REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "tests" / "e2e"))
@@ -73,7 +72,7 @@ class Scripted:
         self.http.server_close()
 
 
-def test_streams_through_the_real_simulated_engine_all_succeed(start):  # noqa: F811
+def test_streams_through_the_real_simulated_engine_all_succeed(start):
     sim = start("--sim-load-time", "0.3", "--sim-warmup-time", "0.1")
     settings = loadgen.LoadSettings(sim.url, concurrency=4, requests=12, max_new_tokens=16, timeout=20)
     result = loadgen.run_load(settings)
