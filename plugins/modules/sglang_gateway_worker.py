@@ -117,7 +117,8 @@ seealso:
   - name: SGLang Model Gateway
     description: The gateway, its worker API and its options.
     link: https://docs.sglang.ai/advanced_features/sgl_model_gateway.html
-  - role: llmops.inference.sglang_gateway
+  - ref: llmops.inference.sglang_gateway role
+    description: The role that installs and runs the gateway replicas this module manages.
 """
 
 EXAMPLES = r"""

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """A bounded load generator for zero-downtime tests: N concurrent streaming clients against one URL.
 
 Standard library only, so it runs unchanged on a lab host (``python3 loadgen.py ...``) or on the controller.

@@ -80,7 +80,7 @@ def membership(lab, topology, state: str, worker: str, **args) -> dict:
 
 
 def listed(lab, topology) -> dict:
-    return {host: sorted(url for url, _, _ in gateway_workers(lab, host, KEY)) for host in lab.hosts}
+    return {host: sorted(worker[0] for worker in gateway_workers(lab, host, KEY)) for host in lab.hosts}
 
 
 def test_check_mode_on_a_fresh_host_reports_changes_and_makes_none(lab, topology):
@@ -225,7 +225,7 @@ def test_min_healthy_refuses_to_remove_the_last_healthy_engine(lab, topology):
 
 
 def test_a_replica_that_is_down_stops_the_module_before_any_change(lab, topology):
-    first, _ = workers(topology)
+    first = workers(topology)[0]
     down_host = lab.hosts[1]
     sh(lab, down_host, f"systemctl stop {GATEWAY_UNIT}")
     try:
@@ -234,7 +234,7 @@ def test_a_replica_that_is_down_stops_the_module_before_any_change(lab, topology
         down = gateways(topology)[1]
         assert result["msg"].startswith("1 of 2 gateway(s) cannot be used, nothing was changed:")
         assert f"gateway {down}: cannot reach it (GET /workers:" in result["msg"]
-        assert sorted(url for url, _, _ in gateway_workers(lab, lab.hosts[0], KEY)) == sorted(workers(topology))
+        assert sorted(worker[0] for worker in gateway_workers(lab, lab.hosts[0], KEY)) == sorted(workers(topology))
     finally:
         # A restart forgets the workers added through the API: put them back on the restarted replica.
         restarted = apply_gateway_role(lab, down_host, {"sglang_gateway_api_key": KEY})
@@ -245,7 +245,7 @@ def test_a_replica_that_is_down_stops_the_module_before_any_change(lab, topology
 
 
 def test_a_wrong_api_key_is_a_clear_error_and_changes_nothing(lab, topology):
-    first, _ = workers(topology)
+    first = workers(topology)[0]
     result = membership(lab, topology, "absent", first, api_key="not-the-key", min_healthy=0)
     assert result["_status"] == "FAILED!", result
     assert "2 of 2 gateway(s) cannot be used, nothing was changed" in result["msg"]
@@ -273,7 +273,7 @@ def wait_for_running_requests(lab, host: str) -> None:
 
 
 def test_load_through_a_gateway_loses_nothing_while_an_engine_leaves_and_rejoins(lab, topology, tmp_path):
-    _, second = workers(topology)
+    second = workers(topology)[1]
     pids = {host: main_pid(lab, host) for host in lab.hosts}
     engine_pids = {host: main_pid(lab, host, ENGINE_UNIT) for host in lab.hosts}
     out = tmp_path / "load.json"

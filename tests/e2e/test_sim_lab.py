@@ -517,7 +517,7 @@ def test_gpu_memory_outlives_its_holders_as_on_a_real_driver(clean_lab):
     while time.monotonic() < deadline and not apps:
         apps = compute_apps(lab, host)
         time.sleep(0.1)
-    ((zombie, mib),) = apps.items()
+    ((zombie, mib),) = list(apps.items())
     assert mib == 5000 and sh(lab, host, f"ps -o stat= -p {zombie}").strip().startswith("Z")
     sh(lab, host, f"kill -9 {zombie}")
     assert compute_apps(lab, host) == {zombie: 5000}

@@ -263,7 +263,7 @@ def test_health_is_answered_while_a_long_request_runs(start):
 # -- faults that stop progress -------------------------------------------------------------------------------
 def test_hang_after_requests_serves_n_generations_then_hangs(start):
     sim = start("--sim-fault", "hang-after-requests=3", "--enable-metrics", *FAST)
-    for _ in range(3):
+    for _attempt in range(3):
         assert generate(sim, 4)[0] == 200
     tokens = metric(sim, "sglang:generation_tokens_total")
     with pytest.raises(OSError):
@@ -287,7 +287,7 @@ def test_progress_stall_queues_requests_while_no_token_is_made(start):
     )
     tokens = metric(sim, "sglang:generation_tokens_total")
     with ThreadPoolExecutor(3) as pool:
-        futures = [pool.submit(generate, sim, 4, 2.5) for _ in range(3)]
+        futures = [pool.submit(generate, sim, 4, 2.5) for _request in range(3)]
         assert wait_for(lambda: metric(sim, "sglang:num_queue_reqs") == 2)
         assert metric(sim, "sglang:num_running_reqs") == 1
         assert timed_get(sim, "/health")[0] == 200  # the scheduler's loop is alive and answers health checks
@@ -481,7 +481,7 @@ def test_the_best_step_count_falls_as_the_batch_grows(start):
 def test_requests_beyond_max_running_requests_wait_in_the_queue(start):
     sim = start("--max-running-requests", "2", "--enable-metrics", *SLOW, *FAST)
     with ThreadPoolExecutor(4) as pool:
-        futures = [pool.submit(generate, sim, 30) for _ in range(4)]
+        futures = [pool.submit(generate, sim, 30) for _request in range(4)]
         assert wait_for(lambda: metric(sim, "sglang:num_queue_reqs") == 2)
         assert metric(sim, "sglang:num_running_reqs") == 2
         assert all(f.result()[0] == 200 for f in futures)

@@ -90,7 +90,7 @@ class FakeGateway:
 
     def mutations(self) -> list:
         """The requests that could change the registry."""
-        return [(m, p) for m, p, _, _ in self.requests if m in ("POST", "DELETE", "PUT", "PATCH")]
+        return [(r[0], r[1]) for r in self.requests if r[0] in ("POST", "DELETE", "PUT", "PATCH")]
 
     def _advance(self) -> None:
         now = time.monotonic()

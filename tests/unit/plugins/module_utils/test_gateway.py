@@ -113,12 +113,12 @@ def test_dialect_is_detected_once_per_gateway(gateways):
     client.workers()
     client.workers()
     # The listing read while detecting serves the first workers() call.
-    assert [path for _, path, _, _ in legacy.requests] == ["/workers", "/list_workers", "/list_workers"]
+    assert [request[1] for request in legacy.requests] == ["/workers", "/list_workers", "/list_workers"]
     smg_client = GatewayClient(smg.url)
     smg_client.detect()
     smg_client.workers()
     smg_client.workers()
-    assert [path for _, path, _, _ in smg.requests] == ["/workers", "/workers"]
+    assert [request[1] for request in smg.requests] == ["/workers", "/workers"]
 
 
 def test_a_server_that_is_not_a_gateway_is_named(gateways):
@@ -137,7 +137,7 @@ def test_add_puts_the_worker_on_every_replica_and_waits_until_each_reports_it_he
     assert first.listed() == [WORKER]
     assert second.listed() == sorted([OTHER, WORKER])
     for fake in (first, second):
-        posts = [body for method, path, body, _ in fake.requests if (method, path) == ("POST", "/workers")]
+        posts = [body for method, path, body, _auth in fake.requests if (method, path) == ("POST", "/workers")]
         assert posts == [{"url": WORKER}]
     views = result.to_dict()["gateways"]
     assert [(view["action"], view["present"], view["healthy"], view["api"]) for view in views] == [
@@ -173,7 +173,7 @@ def test_the_worker_api_key_goes_to_the_gateway_only_in_the_add_request(gateways
     result = gateway_set(fake, api_key="gw-key", worker_api_key="gw-key").add(WORKER)
     post = next(entry for entry in fake.requests if entry[0] == "POST")
     assert post[2] == {"url": WORKER, "api_key": "gw-key"}
-    assert all(auth == "Bearer gw-key" for _, _, _, auth in fake.requests)
+    assert all(request[3] == "Bearer gw-key" for request in fake.requests)
     assert "gw-key" not in repr(result.to_dict())
     assert result.warnings == []
 

@@ -334,7 +334,7 @@ def test_nvidia_smi_lists_mig_devices_once_per_runner():
         calls.append(args[1])
         return 0, answers[args[1]], ""
 
-    for _ in range(3):
+    for _attempt in range(3):
         _backend, gpus = gpu.query_gpus("nvidia-smi", run_command=run)
         assert [g.uuid for g in gpus][:2] == ["GPU-aaaa", "MIG-c6d4f1ef-42e4-5de3-91c7-45d71c87eb3f"]
     assert calls.count("-L") == 1 and len(calls) == 1 + 3 * 2, "memory polls cost two nvidia-smi runs each"

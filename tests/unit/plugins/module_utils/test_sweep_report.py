@@ -298,8 +298,8 @@ def test_markdown_states_every_rule_and_lists_failed_levels():
 
 
 def test_csv_has_one_row_per_raw_run_and_one_per_failed_level():
-    records = [level(1, 8, 100.0, 101.0), build_level_record(point(9), 8, "h1", "r", 1.0, 2.0, load(),
-                                                            gate={"healthy": False})]  # fmt: skip
+    failed = build_level_record(point(9), 8, "h1", "r", 1.0, 2.0, load(), gate={"healthy": False})
+    records = [level(1, 8, 100.0, 101.0), failed]
     rows = list(csv.DictReader(io.StringIO(csv_text(records))))
     assert len(rows) == 3
     assert [row["repeat"] for row in rows] == ["1", "2", ""]

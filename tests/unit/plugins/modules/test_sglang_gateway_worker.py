@@ -107,7 +107,7 @@ def test_the_worker_key_reaches_the_add_and_not_the_result(capsys, fakes):
     fake = fakes(api_key="k1")
     result = run_module(capsys, {"gateways": [fake.url], "worker_url": WORKER, "api_key": "k1", "worker_api_key": "k1"})
     assert result["changed"] is True
-    post = next(body for method, _, body, _ in fake.requests if method == "POST")
+    post = next(body for method, _path, body, _auth in fake.requests if method == "POST")
     assert post["api_key"] == "k1"
     assert "k1" not in json.dumps({key: value for key, value in result.items() if key != "invocation"})
 
