@@ -92,7 +92,7 @@ def test_gives_up_after_the_wait(world):
 
 
 def test_holder_that_vanished_and_unknown_memory(world):
-    _proc, _clock, kernel, gpus = world
+    _proc, _clock, _kernel, gpus = world
     gpus.claim(999, 0, None)
     gpus.stuck.add(999)  # listed by the driver, gone from /proc (or in another PID namespace)
     passed, message = check(world, threshold=0)
