@@ -224,7 +224,9 @@ notes:
     C(TokenizerManager.is_ready) in C(sglang/srt/managers/tokenizer_manager.py) - not paused, not shutting down,
     and status Up, which the server reaches when its warm-up generation answered and leaves when a health check
     fails. The C(generate) tier is the proof that the engine generates. The probe asks C(/ready) first and, on an
-    HTTP 404, C(/health) for the rest of the run."
+    HTTP 404, C(/health) for the rest of the run. SGLang turns a server Up again only when a C(/health) check
+    passes, so after a failed one C(/ready) stays 503 until the next passes (a gateway that checks C(/health)
+    does that)."
   - SGLang's readiness and health can answer 200 while generation hangs and while the GPUs hold no model;
     this is why the C(gpu), C(progress) and C(generate) tiers exist.
   - A GPU whose NVML query fails for one field (C(Not Supported), C(Insufficient Permissions)) is still used; the
