@@ -486,6 +486,15 @@ def stuck_entry(gpu: Gpu, pid, mib, evidence: str, proc=None) -> dict:
     }
 
 
+def unlisted_mib(gpu: Gpu) -> int | None:
+    """MiB used on ``gpu`` that no listed process holds (the driver's reservation, memory being released, memory
+    nobody can free); None where the process list or a figure is unknown."""
+    figures = [holder.used_mib for holder in gpu.processes]
+    if not gpu.processes_known or gpu.used_mib is None or None in figures:
+        return None
+    return gpu.used_mib - sum(figures)
+
+
 def memory_without_live_holder(gpus: list, read_process, threshold_mib: int) -> list:
     """Memory on ``gpus`` that no live process holds, which only a GPU reset or a reboot frees once it lasts.
 
@@ -509,11 +518,8 @@ def memory_without_live_holder(gpus: list, read_process, threshold_mib: int) -> 
                     f"holding {memory}"
                 )
                 found.append(stuck_entry(gpu, holder.pid, holder.used_mib, evidence, proc))
-        figures = [holder.used_mib for holder in gpu.processes]
-        if gpu.mig_enabled or not gpu.processes_known or gpu.used_mib is None or None in figures:
-            continue
-        unaccounted = gpu.used_mib - sum(figures)
-        if unaccounted > threshold_mib:
+        unaccounted = None if gpu.mig_enabled else unlisted_mib(gpu)
+        if unaccounted is not None and unaccounted > threshold_mib:
             evidence = f"{unaccounted} MiB used that no listed process holds (more than {threshold_mib} MiB)"
             found.append(stuck_entry(gpu, None, unaccounted, evidence))
     return found

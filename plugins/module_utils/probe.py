@@ -1,7 +1,7 @@
 # Copyright: (c) 2025, llmops.inference contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""Does an SGLang host serve? Tiered checks (unit, gpu, progress, health, model, generate, floors, soak),
+"""Does an SGLang host serve? Tiered checks (unit, gpu, progress, health (readiness), model, generate, floors, soak),
 optionally repeated until ready, each with a status, a reason and its time; an unhealthy host is also checked
 for GPU memory that only a reset frees.
 
@@ -32,6 +32,8 @@ from ansible_collections.llmops.inference.plugins.module_utils.probe_report impo
 from ansible_collections.llmops.inference.plugins.module_utils.probe_settings import TIER_NAMES, ProbeSettings
 from ansible_collections.llmops.inference.plugins.module_utils.procs import pids_of_unit, read_process, wait_for
 from ansible_collections.llmops.inference.plugins.module_utils.sglang import (
+    HEALTH_PATH,
+    READY_PATH,
     SglangError,
     SglangHTTPError,
     SglangTimeout,
@@ -57,6 +59,12 @@ PROGRESS_POLL_S = 0.5
 # it also shows for a moment after a holder exits, until the driver releases it.
 UNREAPABLE_CONFIRM_S = 2.0
 UNREAPABLE_POLL_S = 0.2
+
+# What a non-200 answer means (sglang/srt/entrypoints/http_server.py `ready` and `health_generate`).
+NOT_READY_MEANING = {
+    READY_PATH: "starting, paused, draining or unhealthy",
+    HEALTH_PATH: "starting, draining or unhealthy",
+}
 
 SPECULATIVE_FIELDS = {
     "algorithm": "speculative_algorithm",
@@ -425,13 +433,18 @@ class SglangProbe:
     # http -------------------------------------------------------------------------------------------
 
     def _check_health(self, attempt: Attempt) -> str:
+        """Readiness: SGLang's /ready, or /health where the server has no /ready (see SglangClient.ready).
+
+        SGLang 0.5.23's /health is a generation of its own that takes a second or more; /ready reads the same
+        state without one, and the generate tier is the proof that the engine generates.
+        """
         try:
-            status = self.client.health()
+            path, status = self.client.ready()
         except SglangError as exc:
             raise TierFailure(str(exc)) from None
         if status != 200:
-            raise TierFailure(f"/health returned HTTP {status} (starting, draining or unhealthy)")
-        return "HTTP 200"
+            raise TierFailure(f"{path} returned HTTP {status} ({NOT_READY_MEANING[path]})")
+        return f"HTTP 200 on {path}"
 
     def _check_model(self, attempt: Attempt) -> str:
         try:

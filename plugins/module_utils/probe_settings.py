@@ -15,8 +15,9 @@ from ansible_collections.llmops.inference.plugins.module_utils.module_support im
 from ansible_collections.llmops.inference.plugins.module_utils.sglang import DEFAULT_URL, validate_url
 from ansible_collections.llmops.inference.plugins.module_utils.systemd import normalize_unit_name
 
-# In the order they run. `progress` runs before the HTTP tiers: a hung engine can keep /health waiting (SGLang's
-# /health runs a generation), and the progress verdict takes one window at most.
+# In the order they run. `progress` runs before the HTTP tiers: a hung engine keeps /server_info and /generate
+# waiting (and /health, which runs a generation, on a server without /ready), and the progress verdict takes one
+# window at most.
 TIER_NAMES = ("unit", "gpu", "progress", "health", "model", "generate", "floors", "soak")
 MAX_POLL_INTERVAL = 0.5
 DEFAULT_PROMPT = "List the first five prime numbers."

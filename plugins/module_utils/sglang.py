@@ -1,7 +1,7 @@
 # Copyright: (c) 2025, llmops.inference contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""HTTP client for an SGLang server's native API: health, model/server info, models, generate, metrics.
+"""HTTP client for an SGLang server's native API: readiness, health, model/server info, models, generate, metrics.
 
 Private to the llmops.inference collection; not a public API. Uses Ansible's ``urls.Request`` (what
 ``open_url`` wraps) so targets need nothing beyond Python. Every failure is raised as :class:`SglangError`
@@ -21,6 +21,8 @@ from urllib.parse import urlparse
 from ansible.module_utils.urls import Request, make_context
 
 DEFAULT_URL = "http://127.0.0.1:30000"
+READY_PATH = "/ready"
+HEALTH_PATH = "/health"
 STREAM_DONE = "[DONE]"
 ERROR_BODY_CHARS = 200
 # One sample of the Prometheus text exposition: name, optional {labels}, value (a timestamp may follow).
@@ -186,6 +188,7 @@ class SglangClient:
         self.validate_certs = validate_certs
         self._clock = clock
         self._session = None
+        self._readiness_path = READY_PATH
 
     def _ensure_session(self) -> Request:
         if self._session is None:
@@ -253,14 +256,37 @@ class SglangClient:
                 raise
         return self.get_json(alias)
 
-    def health(self, timeout: float | None = None) -> int:
-        """HTTP status of /health (200 ready, 503 starting or draining); connection problems raise."""
+    def _status(self, path: str, timeout: float | None = None) -> int:
+        """HTTP status of a GET of ``path``; connection problems raise."""
         timeout = self.timeout if timeout is None else timeout
         try:
-            self._read_body(self._request("/health", timeout=timeout), "/health", timeout)
+            self._read_body(self._request(path, timeout=timeout), path, timeout)
         except SglangHTTPError as exc:
             return exc.status
         return 200
+
+    def health(self, timeout: float | None = None) -> int:
+        """HTTP status of /health (200 healthy, 503 starting, draining or unhealthy); connection problems raise.
+
+        SGLang 0.5.23 answers /health with a one-token generation (``health_generate``), so it takes a second
+        or more; :meth:`ready` is the cheap readiness signal.
+        """
+        return self._status(HEALTH_PATH, timeout)
+
+    def ready(self, timeout: float | None = None) -> tuple:
+        """``(path, HTTP status)`` of the server's readiness endpoint: /ready, or /health on a server without one.
+
+        /ready (``sglang/srt/entrypoints/http_server.py`` ``ready``) is 200 once the warm-up answered and while
+        the server is neither paused, draining nor unhealthy (``tokenizer_manager.py`` ``is_ready``), and runs no
+        generation. A server that answers 404 there (SGLang before /ready existed) is asked /health instead, and
+        so is every later call of this client.
+        """
+        if self._readiness_path == READY_PATH:
+            status = self._status(READY_PATH, timeout)
+            if status != 404:
+                return READY_PATH, status
+            self._readiness_path = HEALTH_PATH
+        return HEALTH_PATH, self.health(timeout)
 
     def model_info(self) -> dict:
         return self._get_json_with_alias("/model_info", "/get_model_info")

@@ -13,8 +13,12 @@ description:
   - Finds the processes that hold memory on NVIDIA GPUs (through NVML, else C(nvidia-smi), and optionally
     processes with a C(/dev/nvidia*) file open), keeps only those in the requested scope, and signals them
     with O(signal), then with SIGKILL the ones still alive after O(grace) seconds.
-  - Then waits until the GPU memory is really released, which lags the exit of the process, and fails
-    naming the holders still present when it is not released within O(timeout).
+  - Then waits until the GPU memory is really released, and fails naming what is still held when it is not
+    released within O(timeout). The driver frees a process's memory some time after the process is gone, and
+    NVML lists live processes only, so in between the memory is used with no process listed (C(nvidia-smi) shows
+    the memory and "No running processes found"). The wait therefore ends only when no reaped PID is listed and
+    each GPU a reaped process held memory on uses no more memory beyond what its listed processes hold than it
+    did before the reap.
   - "A process is in scope when its PID is listed in O(pids), or when it passes B(every) other selector
     that is set: it lies in the cgroup of O(unit) B(and) its title or command line matches O(match)
     B(and) it is an orphan (O(orphans_only)). At least one selector is required."
@@ -44,8 +48,9 @@ attributes:
     support: full
     description:
       - Lists the processes it would reap in RV(reaped) and signals nothing; C(changed) says whether it would signal.
-      - Lists what already looks unreapable (zombies or gone PIDs holding memory, memory no process accounts for)
-        in RV(unreapable) and warns, without failing; a candidate in state D is warned about.
+      - Lists what looks unreapable (zombies or gone PIDs holding memory, memory no process accounts for) and stays
+        O(kill_timeout) seconds (memory the driver is still releasing goes sooner and is not listed) in
+        RV(unreapable) and warns, without failing; a candidate in state D is warned about.
   diff_mode:
     support: full
     description: Shows the GPU memory before and after (in check mode, the memory expected after).
@@ -114,8 +119,11 @@ options:
     default: 10
   wait_released:
     description:
-      - After the processes exit, wait until the reaped PIDs no longer hold memory on the selected GPUs
-        (and each GPU is at or below O(released_below_mib), if set). Fail if that does not happen in O(timeout).
+      - After the processes exit, wait until the reaped PIDs no longer hold memory on the selected GPUs and the
+        driver has released it (see the description), and each GPU is at or below O(released_below_mib), if set.
+        Fail if that does not happen in O(timeout).
+      - Less than O(unaccounted_threshold_mib) of a reaped process's memory that is still not released after
+        O(kill_timeout) seconds ends the wait with a warning.
     type: bool
     default: true
   released_below_mib:

@@ -24,9 +24,11 @@ description:
     at the first scrape and at the end of the window while the token counters (C(sglang:generation_tokens_total),
     C(sglang:realtime_tokens_total)) did not grow is a hang, reported as
     C(hung: 3 running, 5 queued, no token generated in 10 s). It passes at once on an idle engine, and as soon as
-    tokens are generated or the requests are gone. It runs before C(health), since a hung engine can keep
-    C(/health) waiting."
-  - C(health) - C(/health) answers HTTP 200.
+    tokens are generated or the requests are gone. It runs before the HTTP tiers, since a hung engine keeps
+    C(/server_info) and C(/generate) waiting."
+  - C(health) - the server is ready - C(/ready) answers HTTP 200 (warm-up done; not paused, draining or unhealthy),
+    or C(/health) on a server that answers HTTP 404 on C(/ready) (SGLang before C(/ready) existed). See the notes
+    for why not C(/health).
   - C(model) - C(/model_info) (C(/get_model_info) on older servers) and C(/v1/models) answer, and serve
     O(expected_model) when it is set. The speculative-decoding settings are read from C(/server_info).
   - C(generate) - a real streamed C(/generate) at temperature 0 with O(max_new_tokens) finishes within
@@ -215,7 +217,17 @@ options:
         C(.prom) in an existing directory. Not written in check mode.
     type: path
 notes:
-  - SGLang's own C(/health) can keep answering 200 while generation hangs and while the GPUs hold no model;
+  - "Readiness is read from C(/ready), not C(/health). In SGLang 0.5.23 C(/health) and C(/health_generate) are one
+    handler (C(health_generate) in C(sglang/srt/entrypoints/http_server.py)) that sends a one-token generation and
+    checks for its answer every second, so it takes 1 s or more, longer on a busy engine, and holds a request in
+    the engine while it waits. C(/ready) (C(ready) in the same file) answers at once from
+    C(TokenizerManager.is_ready) in C(sglang/srt/managers/tokenizer_manager.py) - not paused, not shutting down,
+    and status Up, which the server reaches when its warm-up generation answered and leaves when a health check
+    fails. The C(generate) tier is the proof that the engine generates. The probe asks C(/ready) first and, on an
+    HTTP 404, C(/health) for the rest of the run. SGLang turns a server Up again only when a C(/health) check
+    passes, so after a failed one C(/ready) stays 503 until the next passes (a gateway that checks C(/health)
+    does that)."
+  - SGLang's readiness and health can answer 200 while generation hangs and while the GPUs hold no model;
     this is why the C(gpu), C(progress) and C(generate) tiers exist.
   - A GPU whose NVML query fails for one field (C(Not Supported), C(Insufficient Permissions)) is still used; the
     field is unknown and listed in RV(gpu_errors). Without its process list, all of its used memory counts.

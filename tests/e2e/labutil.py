@@ -19,12 +19,19 @@ SERVICE_LAB_VARS = {
     "sglang_service_probe_wait_timeout": 15,
 }
 
-HEALTH_WAIT = """
+# What a unit that runs the lab's engine needs in its environment: SGLang's JIT kernel build runs a bare `ninja`,
+# which the venv's bin/ holds (systemd's default PATH for services lacks it); root's ~/.cache/sglang is writable.
+SERVICE_PATH = "PATH=/opt/sglang/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin"
+
+# Polls GET PATH until it answers 200. Each request may take what is left of the wait: SGLang 0.5.23's /health runs
+# a one-token generation and answers after a second or more.
+ANSWER_WAIT = """
 import sys, time, urllib.request
 deadline = time.monotonic() + {timeout}
 while time.monotonic() < deadline:
+    left = max(deadline - time.monotonic(), 0.1)
     try:
-        with urllib.request.urlopen("http://127.0.0.1:{port}/health", timeout=1) as answer:
+        with urllib.request.urlopen("http://127.0.0.1:{port}{path}", timeout=left) as answer:
             if answer.status == 200:
                 print(repr(time.time()))
                 sys.exit(0)
@@ -46,15 +53,27 @@ def install_unit(lab, host: str, name: str, text: str) -> None:
     sh(lab, host, f"cat > /etc/systemd/system/{name} <<'EOF'\n{text}EOF\nsystemctl daemon-reload")
 
 
-def wait_healthy(lab, host: str, port: int = 30000, timeout: float = 120) -> float:
-    """Wait until /health answers 200 on the host; return the host's wall-clock time when it did."""
-    script = HEALTH_WAIT.format(port=port, timeout=timeout)
+def wait_answers(lab, host: str, path: str, port: int = 30000, timeout: float = 120) -> float:
+    """Wait until GET ``path`` answers 200 on the host; return the host's wall-clock time when it did."""
+    script = ANSWER_WAIT.format(port=port, path=path, timeout=timeout)
     return float(sh(lab, host, f"python3 - <<'EOF'\n{script}\nEOF", timeout=timeout + 30))
 
 
-def start_ready_watch(lab, host: str, out_path: str, port: int = 30000, timeout: float = 120) -> None:
-    """In the background on the host, write the wall-clock time at which /health first answers 200."""
-    script = HEALTH_WAIT.format(port=port, timeout=timeout)
+def wait_healthy(lab, host: str, port: int = 30000, timeout: float = 120) -> float:
+    """Wait until /health (a generation in SGLang 0.5.23) answers 200; return the host's wall-clock time then."""
+    return wait_answers(lab, host, "/health", port, timeout)
+
+
+def wait_ready(lab, host: str, port: int = 30000, timeout: float = 120) -> float:
+    """Wait until /ready answers 200 (warm-up done, not draining); return the host's wall-clock time then."""
+    return wait_answers(lab, host, "/ready", port, timeout)
+
+
+def start_ready_watch(
+    lab, host: str, out_path: str, port: int = 30000, timeout: float = 120, path: str = "/health"
+) -> None:
+    """In the background on the host, write the wall-clock time at which GET ``path`` first answers 200."""
+    script = ANSWER_WAIT.format(port=port, path=path, timeout=timeout)
     sh(
         lab,
         host,

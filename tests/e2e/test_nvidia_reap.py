@@ -11,7 +11,7 @@ import re
 import shlex
 
 import pytest
-from labutil import install_unit, sh, wait_healthy
+from labutil import SERVICE_PATH, install_unit, sh, wait_ready
 
 pytestmark = pytest.mark.lab
 
@@ -26,6 +26,7 @@ Description=nvidia_reap test server (KillMode=process leaves its schedulers behi
 
 [Service]
 Environment=SGLANG_SIM_FAULTS=orphan-schedulers
+Environment={SERVICE_PATH}
 ExecStart={VENV_PYTHON} -m sglang_sim.launch_server --model-path /models/test --tp-size 2 --host 127.0.0.1 --port {PORT}
 KillMode=process
 TimeoutStopSec=60
@@ -75,10 +76,10 @@ def gpu_used(lab, host) -> list:
 def start_healthy(lab, host) -> None:
     sh(lab, host, "systemctl start t-reap.service")
     try:
-        wait_healthy(lab, host, PORT)
+        wait_ready(lab, host, PORT)
     except AssertionError:
         journal = lab.exec(host, "journalctl -u t-reap.service --no-pager -n 30").stdout
-        raise AssertionError(f"t-reap.service never answered /health 200:\n{journal}") from None
+        raise AssertionError(f"t-reap.service never answered /ready 200:\n{journal}") from None
 
 
 def stop_leaving_orphans(lab, host) -> list:
@@ -144,10 +145,11 @@ def test_reap_unit_leftovers_after_killmode_process_stop(clean_lab, bystanders):
     reaped = {entry["pid"]: entry for entry in result["reaped"]}
     assert sorted(reaped) == orphans
     assert all(entry["signals"] == ["SIGTERM", "SIGKILL"] and entry["exited"] for entry in reaped.values())
-    assert result["unkillable"] == []
-    assert result["elapsed_s"] <= GRACE + 1.0, f"took {result['elapsed_s']}s for grace {GRACE}s"
+    assert result["unkillable"] == [] and result["unreapable"] == []
     print(f"nvidia_reap: SIGTERM-ignoring schedulers reaped in {result['elapsed_s']}s with grace {GRACE}s")
+    # The driver releases memory a moment after its holder is gone: the reap returns only once it has.
     assert [gpu["used_mib"] for gpu in result["gpus_after"]] == [1 + 1000, 1 + 500]
+    assert gpu_used(lab, host) == [1 + 1000, 1 + 500]
     assert result["released_mib"] > 0
     assert not any(alive(lab, host, pid) for pid in orphans)
 
@@ -172,6 +174,7 @@ def test_reap_orphaned_schedulers_by_pattern_through_nvml(clean_lab, bystanders)
     excluded = {entry["pid"]: entry["reason"] for entry in result["excluded"]}
     assert "t-foreign.service" in excluded.get(foreign, ""), result["excluded"]
     assert plain not in excluded, "a process outside every selector is not in scope"
+    assert [gpu["used_mib"] for gpu in result["gpus_after"]] == [1 + 1000, 1 + 500]
 
     again = lab.module(host, MODULE, args, extra_vars=venv)
     assert again["_rc"] == 0 and again["changed"] is False, again
@@ -208,20 +211,19 @@ def test_bad_input_fails_naming_the_option_and_signals_nothing(clean_lab, bystan
 
 # Memory nobody can free, MIG -----------------------------------------------------------------------
 
-LAB_FEATURE_ZOMBIE = "simulated GPU memory held by a zombie process (tests/lab/simgpu)"
-LAB_FEATURE_VANISHED = "simulated GPU memory held by a PID that no longer exists (tests/lab/simgpu)"
-LAB_FEATURE_MIG = "lab hosts with simulated MIG instances (tests/lab/simgpu, `tests/lab/lab up` with MIG)"
+ZOMBIE_PARENT = "t-zombie-parent.service"
+MIG_GPU = 1
+MIG_UNIT = "t-mig.service"
+MIG_UNIT_TEXT = f"""\
+[Unit]
+Description=nvidia_reap test server on one MIG device
 
-# A parent that never reaps its child: the child claims GPU memory for itself and exits, a zombie.
-ZOMBIE_MAKER = """
-import os, subprocess, sys, time
-child = os.fork()
-if child == 0:
-    subprocess.run(["simgpu-claim", "--gpu", "0", "--mib", "20000", "--pid", str(os.getpid())], check=True)
-    os._exit(0)
-with open("/run/zombie.pid", "w") as out:
-    out.write(str(child))
-time.sleep(600)
+[Service]
+Environment=SGLANG_SIM_FAULTS=orphan-schedulers
+Environment=CUDA_VISIBLE_DEVICES={{uuid}}
+Environment={SERVICE_PATH}
+ExecStart={VENV_PYTHON} -m sglang_sim.launch_server --model-path /models/test --host 127.0.0.1 --port {PORT}
+KillMode=process
 """
 
 
@@ -234,15 +236,14 @@ def listed_holders(lab, host) -> list:
 def test_a_zombie_holding_memory_fails_the_reap_fast_with_the_evidence(clean_lab, bystanders):
     lab = clean_lab
     host, foreign, plain = bystanders
-    maker = shlex.quote(ZOMBIE_MAKER)
-    sh(lab, host, f"rm -f /run/zombie.pid; setsid python3 -c {maker} </dev/null >/dev/null 2>&1 &")
-    zombie = int(sh(lab, host, "until [ -s /run/zombie.pid ]; do sleep 0.05; done; cat /run/zombie.pid"))
+    # A process whose main thread exited while a thread stuck in the driver keeps its GPU context: a zombie that
+    # NVML still lists with its memory. Its parent belongs to another unit, which a reap must not touch.
+    sh(lab, host, f"systemd-run --unit {ZOMBIE_PARENT} simgpu-claim --zombie --gpu 1 --mib 5000")
+    parent = int(sh(lab, host, f"systemctl show -P MainPID {ZOMBIE_PARENT}"))
+    zombie = int(sh(lab, host, f"until pgrep -P {parent} >/dev/null; do sleep 0.05; done; pgrep -P {parent}"))
     sh(lab, host, f"until grep -q '^[^)]*) Z' /proc/{zombie}/stat; do sleep 0.05; done", timeout=30)
-    parent = int(sh(lab, host, f"awk '{{print $4}}' /proc/{zombie}/stat"))
-    if zombie not in listed_holders(lab, host):
-        lab.exec(host, f"kill -KILL {parent}")
-        pytest.skip(f"needs {LAB_FEATURE_ZOMBIE}")
-    args = {"match": "^sglang::", "orphans_only": True, "gpus": ["0"], "grace": 1, "kill_timeout": 2, "timeout": 30}
+    sh(lab, host, f"bash -c {shlex.quote(WAIT_HOLDER)} _ {zombie}")
+    args = {"match": "^sglang::", "orphans_only": True, "gpus": ["1"], "grace": 1, "kill_timeout": 2, "timeout": 30}
 
     preview = lab.module(host, MODULE, args, check=True)
     assert preview["_rc"] == 0, "check mode reports what looks unreapable without failing"
@@ -250,51 +251,102 @@ def test_a_zombie_holding_memory_fails_the_reap_fast_with_the_evidence(clean_lab
 
     result = lab.module(host, MODULE, args)
     assert result["_status"].startswith("FAILED"), result
-    assert result["msg"].startswith(f"GPU 0 needs a reset or a reboot: pid {zombie} "), result["msg"]
-    assert f"is a zombie (state Z, parent {parent}) holding 20000 MiB" in result["msg"]
-    assert result["reset_gpus"] == [0]
-    assert result["elapsed_s"] <= 2 + 1.5, "fails after kill_timeout, not after timeout"
+    assert result["msg"].startswith(f"GPU 1 needs a reset or a reboot: pid {zombie} "), result["msg"]
+    assert f"is a zombie (state Z, parent {parent}) holding 5000 MiB" in result["msg"]
+    assert result["reset_gpus"] == [1]
+    assert result["elapsed_s"] < args["timeout"], "fails once kill_timeout has passed, without waiting out timeout"
     assert alive(lab, host, parent), "the zombie's parent is not signalled"
     assert_bystanders_alive(lab, host, foreign, plain)
-    lab.exec(host, f"kill -KILL {parent}")
+    refused = lab.exec(host, "simgpu-claim --reset-gpu 1")
+    assert refused.returncode == 1 and "in use by process" in refused.stdout + refused.stderr, refused
+
+    # Ending the parent lets init reap the zombie; the driver then releases its memory and the reap passes.
+    sh(lab, host, f"systemctl stop {ZOMBIE_PARENT}")
+    after = lab.module(host, MODULE, args)
+    assert after["_rc"] == 0 and after["unreapable"] == [] and after["changed"] is False, after
+    assert gpu_used(lab, host)[1] == 1 + 500
 
 
-def test_memory_of_a_pid_that_no_longer_exists_is_unreapable(clean_lab, bystanders):
+def test_memory_left_by_a_process_that_no_longer_exists_is_unreapable(clean_lab, bystanders):
     lab = clean_lab
     host, foreign, plain = bystanders
-    gone = int(sh(lab, host, "sh -c 'echo $$'"))
-    sh(lab, host, f"echo 30000 > /var/lib/simgpu/claims/gpu1.pid{gone}")
-    if gone not in listed_holders(lab, host):
-        pytest.skip(f"needs {LAB_FEATURE_VANISHED}")
+    stuck = sh(lab, host, "simgpu-claim --stuck --gpu 1 --mib 30000")
+    gone = int(re.search(r"held by PID (\d+), which no longer exists", stuck).group(1))
+    assert listed_holders(lab, host) == sorted([foreign, plain]), "NVML lists live processes only"
+    assert gpu_used(lab, host)[1] == 1 + 500 + 30000
     args = {"match": "^sglang::", "orphans_only": True, "gpus": ["1"], "kill_timeout": 2}
-    result = lab.module(host, MODULE, args, extra_vars={"ansible_python_interpreter": VENV_PYTHON})
+    venv = {"ansible_python_interpreter": VENV_PYTHON}
+    result = lab.module(host, MODULE, args, extra_vars=venv)
     assert result["_status"].startswith("FAILED"), result
-    assert result["msg"].startswith(
-        f"GPU 1 needs a reset or a reboot: pid {gone} no longer exists, yet the driver lists it holding 30000 MiB"
+    # 30000 MiB of the gone PID plus the driver's 1 MiB, beside the plain holder's 500 MiB.
+    assert result["msg"] == (
+        "GPU 1 needs a reset or a reboot: 30001 MiB used that no listed process holds (more than 1024 MiB)"
     ), result["msg"]
-    entry = next(entry for entry in result["unreapable"] if entry["pid"] == gone)
-    assert (entry["gpu"], entry["state"], entry["mib"]) == (1, None, 30000)
-    reported = lab.module(host, MODULE, {**args, "fail_on_unreapable": False})
+    assert [(entry["gpu"], entry["pid"], entry["state"], entry["mib"]) for entry in result["unreapable"]] == [
+        (1, None, None, 30001)
+    ]
+    assert gone not in [entry["pid"] for entry in result["unreapable"]]
+    reported = lab.module(host, MODULE, {**args, "fail_on_unreapable": False}, extra_vars=venv)
     assert reported["_rc"] == 0 and reported["reset_gpus"] == [1], reported
     assert_bystanders_alive(lab, host, foreign, plain)
 
 
-def test_a_mig_device_resolves_by_its_uuid(clean_lab):
+@pytest.fixture
+def mig_gpu(clean_lab):
+    """GPU 1 of the first host in MIG mode with two 3g.40gb devices; yields their UUIDs; leaves MIG mode after."""
     lab = clean_lab
     host = lab.hosts[0]
-    listing = sh(lab, host, "nvidia-smi -L")
-    migs = re.findall(r"\(UUID: (MIG-[^)]+)\)", listing)
-    if not migs:
-        pytest.skip(f"needs {LAB_FEATURE_MIG}")
+    sh(lab, host, f"simgpu-claim --mig {MIG_GPU}:2")
+    try:
+        listing = sh(lab, host, "nvidia-smi -L")
+        yield re.findall(r"MIG 3g\.40gb\s+Device\s+\d+: \(UUID: (MIG-[^)]+)\)", listing)
+    finally:
+        lab.reset()
+        sh(lab, host, f"simgpu-claim --mig-off {MIG_GPU}")
+
+
+def test_an_orphan_on_a_mig_device_is_reaped_by_the_devices_uuid(clean_lab, mig_gpu):
+    lab = clean_lab
+    host = lab.hosts[0]
+    assert len(mig_gpu) == 2, mig_gpu
+    mine, other = mig_gpu
     venv = {"ansible_python_interpreter": VENV_PYTHON}
-    result = lab.module(host, MODULE, {"orphans_only": True, "gpus": [migs[0]]}, check=True, extra_vars=venv)
-    assert result["_rc"] == 0, result
-    (device,) = result["gpus_before"]
-    assert device["uuid"] == migs[0] and device["parent_uuid"].startswith("GPU-"), device
-    probed = lab.module(
+    install_unit(lab, host, MIG_UNIT, MIG_UNIT_TEXT.format(uuid=mine))
+    sh(lab, host, f"systemctl start {MIG_UNIT}")
+    wait_ready(lab, host, PORT)
+
+    probe = "llmops.inference.sglang_probe"
+    on_mine = lab.module(
+        host, probe, {"unit": MIG_UNIT, "tiers": ["unit", "gpu"], "expected_gpus": [mine]}, extra_vars=venv
+    )
+    assert on_mine["healthy"] is True and on_mine["gpu_memory_mib"][mine] > 1024, on_mine
+    on_other = lab.module(
         host,
-        "llmops.inference.sglang_probe",
-        {"tiers": ["gpu"], "expected_gpus": [migs[0]], "min_gpu_memory_mib": 0},
+        probe,
+        {"unit": MIG_UNIT, "tiers": ["gpu"], "expected_gpus": [other], "fail_on_unhealthy": False},
         extra_vars=venv,
     )
-    assert probed["healthy"] is True and migs[0] in probed["gpu_memory_mib"], probed
+    assert on_other["failed_tier"] == "gpu", on_other
+    assert (
+        on_other["reason"]
+        == "the unit's processes hold 0 MiB on GPU 1 MIG device 1 (1 MiB used on the GPU in all): model not loaded"
+    )
+
+    # The main process dies alone (as under KillMode=process after a SIGKILL); its scheduler keeps the MIG memory.
+    sh(lab, host, f"systemctl kill --kill-whom=main --signal=SIGKILL {MIG_UNIT}")
+    sh(lab, host, f'until [ "$(systemctl show -P ActiveState {MIG_UNIT})" = failed ]; do sleep 0.1; done', timeout=60)
+    orphans = pids(lab, host, "^sglang::scheduler")
+    assert len(orphans) == 1, orphans
+
+    args = {"unit": MIG_UNIT, "match": "^sglang::", "gpus": [mine], "grace": 1}
+    preview = lab.module(host, MODULE, args, check=True, extra_vars=venv)
+    (device,) = preview["gpus_before"]
+    assert device["uuid"] == mine and device["parent_uuid"].startswith("GPU-") and device["mig_index"] == 0, device
+    assert [entry["pid"] for entry in preview["reaped"]] == orphans
+
+    result = lab.module(host, MODULE, args, extra_vars=venv)
+    assert result["_rc"] == 0 and result["changed"] is True, result
+    assert [entry["pid"] for entry in result["reaped"]] == orphans
+    (after,) = result["gpus_after"]
+    assert (after["uuid"], after["used_mib"], after["processes"]) == (mine, 1, []), after
+    assert not alive(lab, host, orphans[0])

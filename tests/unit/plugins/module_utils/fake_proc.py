@@ -115,11 +115,12 @@ class FakeKernel:
 
 
 class FakeGpus:
-    """GPUs whose memory is claimed per PID, counted while the PID is alive (like the driver).
+    """GPUs whose memory is claimed per PID, counted and listed while the PID is alive (like the driver).
 
-    ``release_lag`` keeps a dead PID's claim for that many seconds after it died. Claims of ``stuck`` PIDs count
-    whatever their state, also when the PID is gone (a holder stuck in the driver), and ``unlisted`` MiB per GPU
-    are used without any process listed for them.
+    ``release_lag`` keeps a dead PID's claim counted as used for that many seconds after it died, without the PID
+    in the process list (NVML lists live processes only). Claims of ``stuck`` PIDs count and are listed whatever
+    their state, also when the PID is gone (a zombie stuck in the driver, or a PID of another namespace), and
+    ``unlisted`` MiB per GPU are used without any process listed for them.
     """
 
     def __init__(self, proc: FakeProc, kernel: FakeKernel, count: int = 2, total_mib: int = 81559):
@@ -137,11 +138,13 @@ class FakeGpus:
     def claim(self, pid: int, gpu: int, mib: int | None) -> None:
         self.claims[(pid, gpu)] = mib
 
-    def _counts(self, pid: int) -> bool:
+    def _listed(self, pid: int) -> bool:
         if pid in self.stuck:
             return True
-        if self.proc.exists(pid):
-            return self.proc.state(pid) not in ("Z", "X")
+        return self.proc.exists(pid) and self.proc.state(pid) not in ("Z", "X")
+
+    def _releasing(self, pid: int) -> bool:
+        """Gone (or a zombie), and its memory not yet released by the driver."""
         died = self.kernel.died_at.get(pid)
         return died is not None and self.kernel.clock() - died < self.release_lag
 
@@ -149,12 +152,10 @@ class FakeGpus:
         self.queries += 1
         gpus = []
         for index in range(self.count):
-            processes = [
-                GpuProcess(pid, mib)
-                for (pid, gpu), mib in sorted(self.claims.items())
-                if gpu == index and self._counts(pid)
-            ]
-            used = 1 + sum(p.used_mib or 0 for p in processes) + self.unlisted.get(index, 0)
+            claims = [(pid, mib) for (pid, gpu), mib in sorted(self.claims.items()) if gpu == index]
+            processes = [GpuProcess(pid, mib) for pid, mib in claims if self._listed(pid)]
+            releasing = sum(mib or 0 for pid, mib in claims if not self._listed(pid) and self._releasing(pid))
+            used = 1 + sum(p.used_mib or 0 for p in processes) + releasing + self.unlisted.get(index, 0)
             uuid = f"GPU-00000000-0000-4000-8000-00000000000{index}"
             gpus.append(Gpu(index, uuid, "NVIDIA H100 80GB HBM3", self.total_mib, used, processes))
         return self.backend, gpus

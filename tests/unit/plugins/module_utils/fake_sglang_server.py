@@ -50,6 +50,7 @@ def generation_chunks(text: str, pieces: int = 4, meta_info: dict | None = None,
 def healthy_routes(text: str = HEALTHY_TEXT, meta_info: dict | None = None) -> dict:
     meta = {"completion_tokens": 16, "e2e_latency": 0.05, **(meta_info or {})}
     return {
+        "/ready": json_route({}),
         "/health": json_route({}),
         "/model_info": json_route({"model_path": "/models/Qwen/Qwen3-8B", "served_model_name": "Qwen/Qwen3-8B"}),
         "/v1/models": json_route({"object": "list", "data": [{"id": "Qwen/Qwen3-8B", "object": "model"}]}),

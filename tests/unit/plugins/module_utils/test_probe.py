@@ -166,7 +166,7 @@ def test_tiers_not_requested_are_skipped_and_floors_without_floors_too(server):
         "unit": ("skipped", "not requested"),
         "gpu": ("skipped", "not requested"),
         "progress": ("skipped", "not requested"),
-        "health": ("ok", "HTTP 200"),
+        "health": ("ok", "HTTP 200 on /ready"),
         "model": ("skipped", "not requested"),
         "generate": tiers(result)["generate"],
         "floors": ("skipped", "not requested"),
@@ -304,14 +304,42 @@ def test_gpu_query_failure(server):
 # health, model --------------------------------------------------------------------------------------
 
 
-def test_health_503(server):
+def test_health_tier_reads_readiness_from_ready_and_never_asks_the_generating_health(server):
+    result = make_probe(server).run()
+    assert tiers(result)["health"] == ("ok", "HTTP 200 on /ready")
+    assert "/ready" in server.paths() and "/health" not in server.paths()
+
+
+def test_health_tier_fails_while_ready_says_503(server):
+    server.routes["/ready"] = json_route({}, status=503)
+    assert_failed(
+        make_probe(server).run(), "health", "/ready returned HTTP 503 (starting, paused, draining or unhealthy)"
+    )
+    assert "/health" not in server.paths(), "only a 404 means the server has no /ready"
+
+
+def test_health_tier_falls_back_to_health_on_a_server_without_ready(server):
+    del server.routes["/ready"]
+    result = make_probe(server).run()
+    assert tiers(result)["health"] == ("ok", "HTTP 200 on /health")
+    assert server.paths()[:2] == ["/ready", "/health"]
     server.routes["/health"] = json_route({}, status=503)
     assert_failed(make_probe(server).run(), "health", "/health returned HTTP 503 (starting, draining or unhealthy)")
 
 
+def test_the_fallback_to_health_is_remembered_for_the_rest_of_a_wait(server):
+    del server.routes["/ready"]
+    ready_at = time.monotonic() + 1.0
+    server.routes["/health"] = callable_route(ReadyAt(ready_at, json_route({}, status=503), json_route({})))
+    result = make_probe(server, wait_timeout=30).run()
+    assert result["healthy"] is True and result["attempts"] >= 2
+    assert server.paths().count("/ready") == 1
+    assert server.paths().count("/health") == result["attempts"]
+
+
 def test_health_unreachable(server):
     server.stop()
-    assert_failed(make_probe(server).run(), "health", pattern=r"^cannot reach http://127\.0\.0\.1:\d+/health: ")
+    assert_failed(make_probe(server).run(), "health", pattern=r"^cannot reach http://127\.0\.0\.1:\d+/ready: ")
 
 
 def test_model_tier_falls_back_to_get_model_info(server):
@@ -409,7 +437,7 @@ def test_accept_length_floor_without_speculative_decoding(server):
 
 def test_wait_returns_soon_after_the_server_becomes_ready(server):
     ready_at = time.monotonic() + 1.5
-    server.routes["/health"] = callable_route(ReadyAt(ready_at, json_route({}, status=503), json_route({})))
+    server.routes["/ready"] = callable_route(ReadyAt(ready_at, json_route({}, status=503), json_route({})))
     result = make_probe(server, wait_timeout=30).run()
     returned = time.monotonic()
     assert result["healthy"] is True
@@ -419,16 +447,16 @@ def test_wait_returns_soon_after_the_server_becomes_ready(server):
 
 
 def test_wait_polls_at_most_every_poll_interval(server):
-    server.routes["/health"] = json_route({}, status=503)
+    server.routes["/ready"] = json_route({}, status=503)
     result = make_probe(server, wait_timeout=1.0, poll_interval=0.2).run()
     assert_failed(result, "health")
     assert 4 <= result["attempts"] <= 6
-    assert server.paths().count("/health") == result["attempts"]
+    assert server.paths().count("/ready") == result["attempts"]
 
 
 def test_wait_gives_up_at_once_on_a_failed_unit(server):
     reader = UnitScript(unit_state(), unit_state(pid=0, active="failed", sub="failed", result="exit-code"))
-    server.routes["/health"] = json_route({}, status=503)
+    server.routes["/ready"] = json_route({}, status=503)
     started = time.monotonic()
     result = make_probe(server, unit_reader=reader, wait_timeout=60).run()
     assert time.monotonic() - started < 1
@@ -442,7 +470,7 @@ def test_wait_gives_up_when_the_unit_restarts(server):
         unit_state(pid=0, restarts=3, active="activating", sub="auto-restart", result="exit-code"),
         unit_state(pid=1301, restarts=4),
     ]
-    server.routes["/health"] = json_route({}, status=503)
+    server.routes["/ready"] = json_route({}, status=503)
     result = make_probe(server, unit_reader=UnitScript(*states), wait_timeout=60, poll_interval=0.05).run()
     assert result["elapsed_s"] < 2
     assert_failed(result, "unit", pattern=r"^unit restarting: MainPID 1234 -> 1301, NRestarts 3 -> 4 within \d")
@@ -526,7 +554,7 @@ def test_progress_tier_fails_a_hung_engine_with_the_counts_and_the_window(server
         "processed_tokens": 0.0,
         "observed_s": 10.0,
     }
-    assert "/health" not in server.paths() and "/generate" not in server.paths(), "a hung engine is not asked more"
+    assert "/ready" not in server.paths() and "/generate" not in server.paths(), "a hung engine is not asked more"
     assert script.calls == 1 + 20, "one scrape, then one every 0.5 s of the window"
 
 
@@ -731,7 +759,7 @@ def test_a_healthy_probe_does_not_look_for_stuck_memory(server):
 
 
 def test_without_the_gpu_tier_no_gpu_is_read_for_a_failed_probe(server):
-    server.routes["/health"] = json_route({}, status=503)
+    server.routes["/ready"] = json_route({}, status=503)
     result = make_probe(server, tiers=["health"], gpu_reader=lambda: pytest.fail("GPUs read")).run()
     assert (result["state"], result["unreapable"]) == ("not_serving", [])
 

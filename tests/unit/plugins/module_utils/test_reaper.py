@@ -261,13 +261,61 @@ def test_waits_for_the_memory_release_that_lags_the_exit(world):
 
 def test_memory_not_released_in_time_fails_naming_the_holders(world):
     world.gpus.release_lag = 100
-    with pytest.raises(
-        ReapError, match=r"not released within timeout 3s: pid 101 still holds 40000 MiB on GPU 0"
-    ) as err:
+    with pytest.raises(ReapError) as err:
         world.reaper(pids=[101], grace=1, timeout=3).run()
+    assert str(err.value) == (
+        "GPU memory not released within timeout 3s: GPU 0 still uses 40000 MiB more than its listed processes hold: "
+        "memory of reaped pid 101 (40000 MiB) the driver has not released yet"
+    )
     assert err.value.result["reaped"][0]["exited"] is True
     assert err.value.result["changed"] is True
+    assert err.value.result["unreapable"] == [], "memory still being released is not judged before kill_timeout"
     assert world.clock.now == pytest.approx(1.0 + 3.0, abs=0.25)
+
+
+def test_a_reaped_pid_still_listed_is_named(world):
+    world.gpus.stuck.add(101)  # the driver keeps listing it after it is gone
+    with pytest.raises(ReapError, match=r"not released within timeout 3s: pid 101 still holds 40000 MiB on GPU 0"):
+        world.reaper(pids=[101], grace=1, timeout=3).run()
+
+
+def test_waits_for_a_small_holders_memory_the_driver_still_releases(world):
+    world.gpus.release_lag = 1.5
+    result = world.reaper(pids=[202], grace=5, timeout=10).run()
+    assert result["reaped"][0]["signals"] == ["SIGTERM"]
+    assert [gpu["used_mib"] for gpu in result["gpus_after"]] == [1 + 40000 + 1000 + 300, 1 + 40000]
+    assert world.clock.now == pytest.approx(1.5, abs=0.25), "500 MiB is below unaccounted_threshold_mib"
+    assert result["unreapable"] == [] and result["warnings"] == []
+
+
+def test_memory_of_a_reaped_process_that_is_never_released_is_unreapable_after_kill_timeout(world):
+    world.gpus.release_lag = 1000
+    with pytest.raises(ReapError) as err:
+        world.reaper(pids=[102], gpus=["1"], grace=1, timeout=30, kill_timeout=2).run()
+    assert str(err.value) == (
+        "GPU 1 needs a reset or a reboot: 40001 MiB used that no listed process holds (more than 1024 MiB)"
+    )
+    assert world.clock.now == pytest.approx(1 + 2, abs=0.3), "judged after kill_timeout, not the 30 s timeout"
+
+
+def test_a_small_remainder_that_stays_is_a_warning_after_kill_timeout(world):
+    world.gpus.release_lag = 1000
+    result = world.reaper(pids=[202], gpus=["1"], grace=1, timeout=30, kill_timeout=2).run()
+    assert result["unreapable"] == []
+    assert result["warnings"] == [
+        "GPU 1 still uses 500 MiB more than its listed processes hold: memory of reaped pid 202 (500 MiB) the driver "
+        "has not released yet, 2 s on (below unaccounted_threshold_mib, so not judged unreapable)"
+    ]
+    assert world.clock.now == pytest.approx(2, abs=0.3)
+
+
+def test_check_mode_does_not_judge_memory_the_driver_is_still_releasing(world):
+    world.gpus.release_lag = 1.5
+    world.kernel.kill(101, signal.SIGKILL)
+    result = world.reaper(unit="t-reap.service", grace=1).run(check_mode=True)
+    assert result["unreapable"] == [] and result["reset_gpus"] == []
+    assert not any("needs a reset" in warning for warning in result["warnings"])
+    assert world.clock.now == pytest.approx(1.5, abs=0.25)
 
 
 def test_d_state_process_is_reported_unkillable_and_unreapable(world):

@@ -42,6 +42,29 @@ def test_health_returns_the_status_code(server):
     assert client_for(server).health() == 503
 
 
+def test_ready_reads_the_ready_endpoint(server):
+    client = client_for(server)
+    assert client.ready() == ("/ready", 200)
+    server.routes["/ready"] = json_route({}, status=503)
+    assert client.ready() == ("/ready", 503)
+    assert server.paths() == ["/ready", "/ready"], "/health (a generation in SGLang 0.5.23) is never asked"
+
+
+def test_ready_falls_back_to_health_on_a_404_and_keeps_to_it(server):
+    del server.routes["/ready"]
+    client = client_for(server)
+    assert client.ready() == ("/health", 200)
+    server.routes["/health"] = json_route({}, status=503)
+    assert client.ready() == ("/health", 503)
+    assert server.paths() == ["/ready", "/health", "/health"]
+
+
+def test_ready_does_not_fall_back_on_other_errors(server):
+    server.routes["/ready"] = json_route({"detail": "internal"}, status=500)
+    assert client_for(server).ready() == ("/ready", 500)
+    assert server.paths() == ["/ready"]
+
+
 def test_model_info_uses_the_current_endpoint_first(server):
     info = client_for(server).model_info()
     assert info["served_model_name"] == "Qwen/Qwen3-8B"
