@@ -226,6 +226,11 @@ def status(path: str) -> dict:
     return {"held": held, "holder": holder, "msg": describe(holder) if held else f"{path} is free"}
 
 
+def held_with(path: str, token: str) -> bool:
+    """Whether the lock is taken right now by the holder that handed out ``token``."""
+    return bool(token) and read_holder(path).get("token") == token and status(path)["held"]
+
+
 def break_lock(path: str) -> dict:
     """Make the current holder let go, whoever it is."""
     holder = read_holder(path)

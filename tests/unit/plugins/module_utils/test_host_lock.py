@@ -71,3 +71,13 @@ def test_break_frees_a_lock_held_by_anyone(lock_path):
 
 def test_status_of_a_missing_lock_file(tmp_path):
     assert host_lock.status(str(tmp_path / "absent.lock"))["held"] is False
+
+
+def test_held_with_knows_the_token_of_the_current_holder(lock_path):
+    assert host_lock.held_with(lock_path, "any") is False
+    record = host_lock.acquire(lock_path, {}, timeout=1, lease=60)
+    assert host_lock.held_with(lock_path, record["token"]) is True
+    assert host_lock.held_with(lock_path, "not-the-token") is False
+    assert host_lock.held_with(lock_path, "") is False
+    host_lock.release(lock_path, record["token"])
+    assert host_lock.held_with(lock_path, record["token"]) is False
