@@ -93,8 +93,8 @@ START_PICKUP_S = 30.0
 HEALTH_TIMEOUT_S = 5.0
 CLD_EXITED = "1"
 GATE_TIERS = TIER_NAMES
-# The probe's soak option (N short generations after an unclean stop) is read only where the probe has it.
-_PROBE_SOAKS = "soak" in inspect.signature(ProbeSettings).parameters
+# The probe's soak (N short generations after an unclean stop) is asked for only where the probe has it.
+_PROBE_SOAKS = "soak_requests" in inspect.signature(ProbeSettings).parameters
 
 
 class ChainInputError(OptionError):
@@ -231,7 +231,7 @@ def _probe_settings(options: ChainOptions, wait_timeout: float, soak: int = 0) -
         "poll_interval": POLL_S,
     }
     if soak and _PROBE_SOAKS:
-        settings["soak"] = soak
+        settings["soak_requests"] = soak
     return settings
 
 
@@ -797,10 +797,14 @@ class RestartChain:
             scopes.insert(0, ("unit", leftovers))
         for name, params in scopes:
             try:
-                found = self.reap(params, True).get("reaped") or []
-                plan["reap"][name] = [_holder(entry) for entry in found]
+                answer = self.reap(params, True)
             except (ReapError, ReapInputError) as exc:
                 plan["reap"][name] = f"cannot tell: {exc}"
+                continue
+            plan["reap"][name] = [_holder(entry) for entry in answer.get("reaped") or []]
+            if answer.get("unreapable"):
+                self.result["unreapable"].extend(answer["unreapable"])
+                plan["reap"]["unreapable"] = "GPU memory nobody can free: the chain would stop before the start"
         options = self.options
         plan["daemon_reload"] = before.properties.get("NeedDaemonReload") == "yes"
         plan["start"] = f"systemctl start --no-block {options.unit}"

@@ -65,9 +65,7 @@ options:
     default: false
 seealso:
   - module: llmops.inference.sglang_restart
-    description:
-      - Takes this lock itself, or checks the one a caller holds
-        (its O(llmops.inference.sglang_restart#module:lock.token)).
+    description: Takes this lock itself, or checks the one a caller holds (given as its C(lock.token)).
 """
 
 EXAMPLES = r"""

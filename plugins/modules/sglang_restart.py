@@ -221,15 +221,14 @@ options:
     type: bool
     default: true
 notes:
+  - The role C(llmops.inference.sglang_service) templates a unit this chain restarts (with the C(ExecStop) drain and
+    the readiness gate) and calls the chain from C(tasks_from=restart).
   - The chain polls every 0.1 s and never sleeps a fixed time; its cost over the engine's own drain and load is
     what is left of O(stability_window) after the probe's tiers, and the probe itself.
 seealso:
   - module: llmops.inference.sglang_probe
   - module: llmops.inference.nvidia_reap
   - module: llmops.inference.host_lock
-  - plugin: llmops.inference.sglang_service
-    plugin_type: role
-    description: Templates a unit this chain restarts, and calls it from C(tasks_from=restart).
 """
 
 EXAMPLES = r"""

@@ -366,7 +366,7 @@ def test_probe_runs_on_the_units_gpus_without_a_window_of_its_own_and_within_the
     assert settings["expected_model"] == "Qwen/Qwen3-8B"
     assert settings["stability_window"] == 0.0
     assert 0 < settings["wait_timeout"] <= 5
-    assert "soak" not in settings
+    assert "soak_requests" not in settings
 
 
 def test_the_window_starts_at_the_first_200_and_overlaps_the_probe():
@@ -412,7 +412,7 @@ def test_holders_found_by_the_reap_make_the_probe_soak(monkeypatch):
     world = World("loop", orphan_reaps=[{"reaped": [holder(7001), holder(7002, "sglang::scheduler_TP1")]}])
     result = world.run()
     assert result["healthy"] is True
-    assert world.probe.calls[0]["soak"] == 3
+    assert world.probe.calls[0]["soak_requests"] == 3
     assert result["soak"] == 3
     assert [entry["pid"] for entry in result["reaped"]] == [7001, 7002]
     reap = next(step for step in result["steps"] if step["name"] == "reap")
@@ -424,7 +424,7 @@ def test_without_the_probes_soak_option_the_chain_says_it_skipped_the_soak(monke
     world = World(orphan_reaps=[{"reaped": [holder()]}])
     result = world.run()
     assert result["healthy"] is True
-    assert "soak" not in world.probe.calls[0] and result["soak"] == 0
+    assert "soak_requests" not in world.probe.calls[0] and result["soak"] == 0
     assert any("no soak option" in warning for warning in result["warnings"])
 
 
@@ -718,6 +718,15 @@ def test_check_mode_reports_the_plan_and_changes_nothing():
     assert all(check for _scope, _params, check in world.reaper.calls)
     assert result["diff"]["after"] == "ActiveState=active\nSubState=running\nMainPID=(new)\n"
     assert result["msg"].startswith(f"check mode: would restart {UNIT}: in a restart loop")
+
+
+def test_check_mode_names_gpu_memory_nobody_can_free():
+    entry = {"gpu": 1, "uuid": "GPU-1", "pid": 7001, "state": "D", "mib": 44000, "evidence": "pid 7001 in state D"}
+    world = World("inactive", orphan_reaps=[{"reaped": [], "unreapable": [entry]}])
+    result = world.run(check_mode=True)
+    assert result["unreapable"] == [entry]
+    assert "would stop before the start" in result["plan"]["reap"]["unreapable"]
+    assert world.unit.verbs() == []
 
 
 def test_check_mode_of_a_running_unit_does_not_ask_to_reap_its_processes():
