@@ -71,9 +71,18 @@ os.replace(out + ".tmp", out)
 """
 
 
+METRICS = (
+    "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:30000/metrics', timeout=5).read().decode())"
+)
+
+
 def metric(lab, host: str, name: str) -> float:
-    text = sh(lab, host, "curl -s http://127.0.0.1:30000/metrics || true")
-    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
+    text = lab.exec(host, f'python3 -c "{METRICS}"').stdout
+    return sum(
+        float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith(name + "{") or line.startswith(name + " ")
+    )
 
 
 def test_requests_in_flight_during_a_restart_all_complete(clean_lab, tmp_path):
@@ -82,7 +91,7 @@ def test_requests_in_flight_during_a_restart_all_complete(clean_lab, tmp_path):
     On a lab truthful to SGLang 0.5.23 (schedulers die on SIGTERM, the main process's watchdog then kills the tree)
     the unit's old stop (SIGTERM to the whole group at once) cuts all 16; the ExecStop drain lets them finish."""
     host = clean_lab.hosts[0]
-    tokens = 5000  # 10 s at the simulated 2 ms per token: the streams outlast the play's start-up
+    tokens = 8000  # 16 s at the simulated 2 ms per token: the streams outlast the play's start-up
     drain = {
         "sglang_service_environment": {"SGLANG_SIM_DRAIN_TIME": "120"},
         "sglang_service_drain_timeout": 60,
