@@ -7,10 +7,14 @@ through ``sglang_service_launch_module``. Chosen by environment variables (a uni
   answered 200 exits with status 0 (an engine that dies right after it became ready). SIGTERM is passed on.
 - ``LLMOPS_TEST_NEVER_LOAD_ONCE=PATH``: the first launch (PATH does not exist yet; it is created) gets the
   ``never-load`` fault, later launches load normally (a model that failed to load once).
+- ``LLMOPS_TEST_CONFIG_TO_ARGS=1``: reads the ``api-key`` of a ``--config`` file and gives the engine
+  ``--api-key`` instead, so that it logs the key in ``server_args=ServerArgs(...)`` as SGLang 0.5.23 does with
+  the options it merged from its config file.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -46,8 +50,19 @@ def _exit_after_ready(seconds: float, argv: list) -> int:
     return 0
 
 
+def _config_to_args(argv: list) -> list:
+    if "--config" not in argv:
+        return argv
+    index = argv.index("--config")
+    with open(argv[index + 1], encoding="utf-8") as handle:
+        key = next(json.loads(line.split(":", 1)[1]) for line in handle if line.startswith("api-key:"))
+    return [*argv[:index], "--api-key", key, *argv[index + 2 :]]
+
+
 def main() -> int:
     argv = sys.argv[1:]
+    if os.environ.get("LLMOPS_TEST_CONFIG_TO_ARGS"):
+        argv = _config_to_args(argv)
     exit_after = os.environ.get("LLMOPS_TEST_EXIT_AFTER_READY")
     if exit_after:
         return _exit_after_ready(float(exit_after), argv)
