@@ -116,7 +116,8 @@ def test_requests_in_flight_during_a_restart_all_complete(clean_lab, tmp_path):
     assert all(result["error"] is None for result in results)
     # The stop began while they were in flight, and its drain waited for them.
     journal = sh(clean_lab, host, f"journalctl -u {UNIT} --no-pager -n 400")
-    in_flight = [int(count) for count in re.findall(r"llmops-gate drain: draining main process \d+: (\d+) running", journal)]
+    drained = re.findall(r"llmops-gate drain: draining main process \d+: (\d+) running", journal)
+    in_flight = [int(count) for count in drained]
     assert in_flight and max(in_flight) > 0, journal
 
 
