@@ -91,9 +91,10 @@ def test_requests_in_flight_during_a_restart_all_complete(clean_lab, tmp_path):
     On a lab truthful to SGLang 0.5.23 (schedulers die on SIGTERM, the main process's watchdog then kills the tree)
     the unit's old stop (SIGTERM to the whole group at once) cuts all 16; the ExecStop drain lets them finish."""
     host = clean_lab.hosts[0]
-    tokens = 4000  # 8 s at the simulated 2 ms per token (more on a busy machine): longer than the play's start-up
+    # 8 s per stream at 10 ms per token: longer than the play's start-up, and few chunks for a busy machine.
+    tokens = 800
     drain = {
-        "sglang_service_environment": {"SGLANG_SIM_DRAIN_TIME": "120"},
+        "sglang_service_environment": {"SGLANG_SIM_DRAIN_TIME": "120", "SGLANG_SIM_TOKEN_LATENCY_MS": "10"},
         "sglang_service_drain_timeout": 60,
     }
     up = run_play(clean_lab, tmp_path, host, "service_role", drain, "up")
