@@ -1,17 +1,28 @@
 # Copyright: (c) 2025, llmops.inference contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""Start gates for an inference unit: GPUs free before start (ExecStartPre), server healthy after (ExecStartPost).
+"""Gates of an inference unit: GPUs free before start (ExecStartPre), server healthy after (ExecStartPost),
+and the drain of its stop (ExecStop).
 
 Private to the llmops.inference collection; not a public API. The sglang_service role installs this file
 with gpu.py and procs.py on the host and runs ``main()`` with the service's Python, outside Ansible, so it
 needs only the Python standard library (and pynvml where present, through gpu.py).
+
+The drain: SGLang drains in-flight requests when its main process alone gets SIGTERM (the tokenizer
+manager's sigterm_watchdog), but its schedulers and detokenizer have no SIGTERM handler, so the
+SIGTERM that systemd sends to the whole group (KillMode=control-group) kills them at once and the main
+process's subprocess watchdog then kills the tree: every in-flight request is cut. ``drain`` sends
+SIGTERM to the main process only and returns as soon as it has exited, or the engine's /metrics show
+no running and no queued request twice in a row, or the drain budget is spent; systemd then stops
+what is left of the group.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
+import signal
 import sys
 import time
 from http.client import HTTPConnection, HTTPException, HTTPSConnection
@@ -32,6 +43,13 @@ HEALTH_REQUEST_TIMEOUT = 5.0
 # How often the readiness gate asks /health: the unit turns active, and the restart chain's gate passes, one poll
 # after the engine is ready.
 READY_POLL_INTERVAL = 0.1
+# The drain asks /metrics this often; "idle" must be seen on DRAIN_IDLE_SCRAPES scrapes in a row, so that the
+# last tokens of a request the scheduler just finished reach its client before the group is stopped.
+DRAIN_POLL_INTERVAL = 0.2
+DRAIN_IDLE_SCRAPES = 2
+METRICS_REQUEST_TIMEOUT = 2.0
+IN_FLIGHT_METRICS = ("sglang:num_running_reqs", "sglang:num_queue_reqs")
+_SAMPLE = re.compile(r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{[^}]*\})?\s+(?P<value>\S+)")
 PROG = "llmops-gate"
 
 
@@ -107,16 +125,21 @@ def check_gpus_free(
     return False, refusal_message(unit, seen["busy"], threshold_mib, proc_root)
 
 
-def http_status(url: str, timeout: float = HEALTH_REQUEST_TIMEOUT) -> int:
-    """The status of a GET of ``url`` (standard library only: this runs outside Ansible, on the host)."""
+def http_get(url: str, timeout: float = HEALTH_REQUEST_TIMEOUT) -> tuple:
+    """``(status, body)`` of a GET of ``url`` (standard library only: this runs outside Ansible, on the host)."""
     parts = urlsplit(url)
     connection_class = HTTPSConnection if parts.scheme == "https" else HTTPConnection
     connection = connection_class(parts.hostname, parts.port, timeout=timeout)
     try:
         connection.request("GET", parts.path or "/")
-        return connection.getresponse().status
+        response = connection.getresponse()
+        return response.status, response.read()
     finally:
         connection.close()
+
+
+def http_status(url: str, timeout: float = HEALTH_REQUEST_TIMEOUT) -> int:
+    return http_get(url, timeout)[0]
 
 
 def health_status(url: str, getter=http_status) -> str | None:
@@ -160,6 +183,90 @@ def wait_ready(
     return False, f"{url} not healthy within {timeout:g} s (last answer: {last['reason']})"
 
 
+def in_flight(metrics_text: str) -> tuple | None:
+    """``(running, queued)`` requests summed over every series of SGLang's gauges, or None when /metrics has
+    neither (metrics off, or not an SGLang server)."""
+    totals = {}
+    for line in metrics_text.splitlines():
+        match = _SAMPLE.match(line)
+        if match and match.group("name") in IN_FLIGHT_METRICS:
+            try:
+                value = float(match.group("value"))
+            except ValueError:
+                continue
+            totals[match.group("name")] = totals.get(match.group("name"), 0.0) + value
+    if not totals:
+        return None
+    return tuple(int(totals.get(name, 0.0)) for name in IN_FLIGHT_METRICS)
+
+
+def scrape_in_flight(url: str, getter=http_get) -> tuple | None:
+    """In-flight requests from ``url``/metrics; None when it cannot be read."""
+    try:
+        status, body = getter(url.rstrip("/") + "/metrics", METRICS_REQUEST_TIMEOUT)
+    except (OSError, HTTPException):
+        return None
+    if status != 200:
+        return None
+    return in_flight(body.decode("utf-8", "replace"))
+
+
+def _alive(pid: int, proc_root: str) -> bool:
+    proc = read_process(pid, proc_root)
+    return proc is not None and proc.is_alive
+
+
+def drain(
+    pid: int,
+    url: str,
+    timeout: float,
+    *,
+    kill=os.kill,
+    scrape=scrape_in_flight,
+    proc_root: str = "/proc",
+    clock=time.monotonic,
+    sleep=time.sleep,
+    log=None,
+) -> tuple:
+    """SIGTERM the main process ``pid`` alone and wait for the drain; return ``(drained, message)``.
+
+    Drained: the process exited, or ``url``/metrics showed no running and no queued request on
+    DRAIN_IDLE_SCRAPES scrapes in a row. Not drained: ``timeout`` seconds passed (the message says what was
+    still in flight). ``log(text)`` is told each change of the in-flight counts.
+    """
+    log = log or (lambda text: None)
+    started = clock()
+    if pid <= 0 or not _alive(pid, proc_root):
+        return True, "no main process to drain"
+    try:
+        kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return True, f"main process {pid} already gone"
+    deadline = started + timeout
+    idle, last = 0, "not scraped yet"
+    while True:
+        if not _alive(pid, proc_root):
+            return True, f"main process {pid} exited after {clock() - started:.1f} s"
+        counts = scrape(url)
+        shown = "no /metrics" if counts is None else f"{counts[0]} running, {counts[1]} queued"
+        if shown != last:
+            log(f"draining main process {pid}: {shown}")
+            last = shown
+        idle = idle + 1 if counts == (0, 0) else 0
+        if idle >= DRAIN_IDLE_SCRAPES:
+            elapsed = clock() - started
+            return True, f"no running or queued request after {elapsed:.1f} s; main process {pid} still exiting"
+        now = clock()
+        if now >= deadline:
+            return False, f"drain budget of {timeout:g} s spent with {shown}; systemd stops the rest of the unit"
+        sleep(min(DRAIN_POLL_INTERVAL, deadline - now))
+
+
+def _pid(text: str) -> int:
+    """``--pid ${MAINPID}``: systemd passes an empty word when the unit has no main process."""
+    return int(text) if text.strip() else 0
+
+
 def _gpu_list(text: str) -> list:
     return [part.strip() for part in text.split(",") if part.strip()]
 
@@ -181,6 +288,10 @@ def build_parser() -> argparse.ArgumentParser:
     ready.add_argument(
         "--main-pid", type=int, default=int(os.environ.get("MAINPID") or 0), help="stop when it exits ($MAINPID)"
     )
+    stop = modes.add_parser("drain", help="SIGTERM the main process alone, wait until it drained (ExecStop)")
+    stop.add_argument("--pid", type=_pid, required=True, help="the main process (${MAINPID})")
+    stop.add_argument("--url", required=True, help="the server's base URL; its /metrics tells what is in flight")
+    stop.add_argument("--timeout", type=float, required=True, help="the drain budget in seconds")
     return parser
 
 
@@ -191,6 +302,11 @@ def main(argv=None, stdout=sys.stdout, stderr=sys.stderr) -> int:
             passed, message = check_gpus_free(
                 args.gpus, args.threshold_mib, args.wait, unit=args.unit, backend=args.backend
             )
+        elif args.mode == "drain":
+            # A spent budget is not an error of the stop: systemd goes on to stop the rest of the group.
+            _drained, message = drain(args.pid, args.url, args.timeout, log=lambda text: _say(stdout, text))
+            stdout.write(f"{PROG} drain: {message}\n")
+            return EXIT_PASS
         else:
             passed, message = wait_ready(args.url, args.timeout, args.main_pid or None)
     except (GpuQueryError, ValueError) as exc:
@@ -198,3 +314,8 @@ def main(argv=None, stdout=sys.stdout, stderr=sys.stderr) -> int:
         return EXIT_ERROR
     (stdout if passed else stderr).write(f"{PROG} {args.mode}: {message}\n")
     return EXIT_PASS if passed else EXIT_REFUSED
+
+
+def _say(stream, text: str) -> None:
+    stream.write(f"{PROG} drain: {text}\n")
+    stream.flush()

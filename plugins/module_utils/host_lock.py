@@ -226,6 +226,11 @@ def status(path: str) -> dict:
     return {"held": held, "holder": holder, "msg": describe(holder) if held else f"{path} is free"}
 
 
+def held_with(path: str, token: str) -> bool:
+    """Whether the lock is taken right now by the holder that handed out ``token``."""
+    return bool(token) and read_holder(path).get("token") == token and status(path)["held"]
+
+
 def break_lock(path: str) -> dict:
     """Make the current holder let go, whoever it is."""
     holder = read_holder(path)
@@ -234,3 +239,33 @@ def break_lock(path: str) -> dict:
     if not _signal_holder(path, holder):
         raise LockError(f"{path} is still held after its holder pid {holder.get('pid')} was told to let go")
     return {"released": True, "changed": True, "broken": holder, "msg": f"broke {path}, held by {describe(holder)}"}
+
+
+def manage(
+    path: str,
+    state: str = "present",
+    *,
+    owner: dict | None = None,
+    timeout: float = 600.0,
+    lease: float = 3600.0,
+    token: str | None = None,
+    force: bool = False,
+    check_mode: bool = False,
+) -> dict:
+    """What the host_lock module does: take (``present``), release (``absent`` with ``token``) or break
+    (``absent`` with ``force``) the lock. Taking and releasing change nothing that outlasts the run, so only a
+    broken lock reports ``changed``. Raises LockBusy, LockError, or ValueError for a request that makes no sense."""
+    if state == "present":
+        if check_mode:
+            now = status(path)
+            return dict(now, token="", changed=False, msg=f"check mode: would take {path}; now: {now['msg']}")
+        return dict(acquire(path, owner or {}, timeout, lease), held=True, changed=False)
+    if token:
+        answer = release(path, token) if not check_mode else {"released": False, "msg": f"would release {path}"}
+        return dict(answer, changed=False)
+    if not force:
+        raise ValueError("state=absent needs the token of the lock to release, or force=true to break it")
+    if check_mode:
+        now = status(path)
+        return dict(now, changed=bool(now["held"]), msg=f"check mode: would break {path}; now: {now['msg']}")
+    return break_lock(path)

@@ -10,6 +10,7 @@ Commands run through a ``run_command(args) -> (rc, stdout, stderr)`` callable; A
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 
 SHOW_PROPERTIES = (
@@ -44,8 +45,45 @@ UNIT_TYPES = (
 )
 
 
+_TIMESPAN_UNITS = {
+    "us": 1e-6,
+    "usec": 1e-6,
+    "ms": 1e-3,
+    "msec": 1e-3,
+    "s": 1.0,
+    "sec": 1.0,
+    "min": 60.0,
+    "m": 60.0,
+    "h": 3600.0,
+    "hr": 3600.0,
+    "d": 86400.0,
+    "w": 604800.0,
+    "M": 2629800.0,
+    "y": 31557600.0,
+}
+_TIMESPAN_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)")
+
+
 class SystemdError(Exception):
     """systemctl failed or answered something unreadable."""
+
+
+def parse_timespan(text: str | None) -> float | None:
+    """Seconds in a time span as `systemctl show` prints it (``1h 30s``, ``500ms``, ``0``); None for
+    ``infinity`` or text it cannot read. A bare number is seconds."""
+    text = (text or "").strip()
+    if not text or text == "infinity":
+        return None
+    total, end = 0.0, 0
+    for match in _TIMESPAN_PART.finditer(text):
+        if text[end : match.start()].strip():
+            return None
+        unit = match.group(2) or "s"
+        if unit not in _TIMESPAN_UNITS:
+            return None
+        total += float(match.group(1)) * _TIMESPAN_UNITS[unit]
+        end = match.end()
+    return total if not text[end:].strip() and end else None
 
 
 def _int_or(value: str | None, default):

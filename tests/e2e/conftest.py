@@ -34,6 +34,10 @@ pkill -KILL -f '^sglang::' 2>/dev/null
 pkill -KILL -f '[s]glang_sim' 2>/dev/null  # bracket: do not match this script's own command line
 pkill -KILL -f '[s]imgpu-claim' 2>/dev/null
 rm -rf /var/lib/simgpu/claims/* /var/lib/llmops /run/lock/llmops*
+# What the sglang_service tests leave: a service user, test interpreters and engines, config files.
+userdel -r sglang-t 2>/dev/null; groupdel sglang-t 2>/dev/null
+rm -rf /opt/fakepy /opt/nosglang /run/llmops-test-* /etc/llmops
+rm -f /opt/sglang/venv/lib/python3.11/site-packages/llmops_test_engine.py
 exit 0
 """
 
@@ -112,9 +116,12 @@ class Lab:
         limit: str | None = None,
         timeout: float = 1200,
         inventories: tuple = (),
+        verbosity: int = 0,
     ) -> subprocess.CompletedProcess:
         """Run a playbook against the lab's inventory, with ``inventories`` (paths) layered over it."""
         cmd = ["ansible-playbook", "-i", str(self.inventory)]
+        if verbosity:
+            cmd.append("-" + "v" * verbosity)
         for inventory in inventories:
             cmd += ["-i", str(inventory)]
         cmd.append(str(playbook))
@@ -160,11 +167,27 @@ def shell_quote(args: list[str]) -> str:
 
 @pytest.fixture(scope="session")
 def lab():
-    if os.geteuid() != 0:
-        pytest.skip("lab tests need root")
     name = os.environ.get("LLMOPS_LAB_NAME", "e2e")
     hosts = int(os.environ.get("LLMOPS_LAB_HOSTS", "3"))
     gpus = int(os.environ.get("LLMOPS_LAB_GPUS", "2"))
+    yield from boot_lab(name, hosts, gpus)
+
+
+@pytest.fixture(scope="module")
+def lab_gpus4(request):
+    """A lab host with 4 GPUs: the session's lab when it has them (LLMOPS_LAB_GPUS=4), else a one-host lab of its own
+    (LLMOPS_LAB4_NAME, default the session lab's name with a 'q')."""
+    if int(os.environ.get("LLMOPS_LAB_GPUS", "2")) >= 4:
+        yield request.getfixturevalue("lab")
+        return
+    name = os.environ.get("LLMOPS_LAB4_NAME") or (os.environ.get("LLMOPS_LAB_NAME", "e2e")[:5] + "q")
+    yield from boot_lab(name, 1, 4)
+
+
+def boot_lab(name: str, hosts: int, gpus: int):
+    """Boot a lab, yield it, take it down (unless LLMOPS_LAB_KEEP=1)."""
+    if os.geteuid() != 0:
+        pytest.skip("lab tests need root")
     try:
         out = subprocess.run(
             [str(LAB_CLI), "up", "--name", name, "--hosts", str(hosts), "--gpus", str(gpus)],

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import base64
+import json
+import re
+import time
+from pathlib import Path
+
 # The sglang_service role on a lab host: what differs from a real host is which module the unit launches, and
 # quicker timings.
 SERVICE_LAB_VARS = {
@@ -85,3 +91,128 @@ def start_ready_watch(
 
 def read_ready_time(lab, host: str, out_path: str) -> float:
     return float(sh(lab, host, f"until [ -s {out_path} ]; do sleep 0.05; done; cat {out_path}", timeout=150))
+
+
+# -- the sglang_service role on lab hosts ------------------------------------------------------------------
+
+REPO = Path(__file__).resolve().parents[2]
+PLAYBOOKS = REPO / "tests" / "e2e" / "playbooks"
+RECAP = re.compile(r"^(\S+)\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.MULTILINE)
+VENV_SITE = "/opt/sglang/venv/lib/python3.11/site-packages"
+
+
+class Run:
+    """One ansible-playbook run: its output, and the gate's verdict the play handed over."""
+
+    def __init__(self, proc, result_path: Path):
+        self.proc = proc
+        self.output = proc.stdout + proc.stderr
+        self.result_path = result_path
+
+    @property
+    def ok(self) -> bool:
+        return self.proc.returncode == 0
+
+    def changed(self, host: str) -> int:
+        counts = {match[0]: int(match[2]) for match in RECAP.findall(self.proc.stdout)}
+        return counts[host]
+
+    def gate(self) -> dict:
+        return json.loads(self.result_path.read_text()) if self.result_path.exists() else {}
+
+
+def run_play(
+    lab, tmp_path: Path, host: str, play: str, extra: dict | None = None, label: str = "run", **options
+) -> Run:
+    """Run ``tests/e2e/playbooks/<play>.yml`` on ``host`` with the lab's service variables and ``extra``."""
+    result = tmp_path / f"{label}.gate.json"
+    extra_vars = {**SERVICE_LAB_VARS, **(extra or {}), "svc_test_host": host, "svc_test_result": str(result)}
+    return Run(lab.playbook(PLAYBOOKS / f"{play}.yml", extra_vars, **options), result)
+
+
+def unit_show(lab, host: str, unit: str) -> dict:
+    text = sh(lab, host, f"systemctl show {unit} -p ActiveState,SubState,MainPID,NRestarts,Result")
+    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+
+
+def alive(lab, host: str, pid: int) -> bool:
+    return lab.exec(host, f"test -d /proc/{pid} && ! grep -q '^State:.*Z' /proc/{pid}/status").returncode == 0
+
+
+def wait_until(predicate, timeout: float, what: str, interval: float = 0.5):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
+        time.sleep(interval)
+
+
+def fingerprint(lab, host: str, paths: str) -> str:
+    """Every file under ``paths`` with its checksum (missing paths are simply absent)."""
+    return sh(lab, host, f"find {paths} -type f -exec sha256sum {{}} + 2>/dev/null | sort; true")
+
+
+def proc_strings(lab, host: str, path: str) -> list:
+    """The NUL-separated strings of a /proc file such as cmdline or environ, exactly as the kernel has them."""
+    raw = base64.b64decode(sh(lab, host, f"base64 -w0 {path}"))
+    return [part.decode() for part in raw.split(b"\0") if part]
+
+
+def argv_of(lab, host: str, pid: int) -> list:
+    return proc_strings(lab, host, f"/proc/{pid}/cmdline")
+
+
+def environ_of(lab, host: str, pid: int) -> dict:
+    return dict(item.split("=", 1) for item in proc_strings(lab, host, f"/proc/{pid}/environ") if "=" in item)
+
+
+def lock_held(lab, host: str, path: str) -> bool:
+    return lab.module(host, "llmops.inference.host_lock", {"path": path}, check=True)["held"]
+
+
+def install_test_engine(lab, host: str) -> None:
+    """The launch module llmops_test_engine (tests/e2e/files/llmops_test_engine.py) in the lab venv."""
+    source = (REPO / "tests" / "e2e" / "files" / "llmops_test_engine.py").read_text()
+    sh(lab, host, f"cat > {VENV_SITE}/llmops_test_engine.py <<'PYEOF'\n{source}PYEOF")
+
+
+def gpu_claims(lab, host: str) -> dict:
+    """{pid: [GPU index, ...]} of the live simulated GPU claims (simgpu's claims/gpu<INDEX>.pid<PID> files)."""
+    claims = {}
+    for name in sh(lab, host, "ls /var/lib/simgpu/claims 2>/dev/null; true").split():
+        match = re.fullmatch(r"gpu(\d+)\.pid(\d+)", name)
+        if match and alive(lab, host, int(match[2])):
+            claims.setdefault(int(match[2]), []).append(int(match[1]))
+    return claims
+
+
+def unit_of(lab, host: str, pid: int) -> str:
+    cgroup = sh(lab, host, f"cat /proc/{pid}/cgroup 2>/dev/null; true")
+    found = re.findall(r"/([^/\n]+\.service)", cgroup)
+    return found[-1] if found else ""
+
+
+RESTORE_SCRIPT = """
+import json, sys
+sys.path.insert(0, "/run/llmops-test-kg")
+from ansible_collections.llmops.inference.plugins.module_utils.known_good import KnownGoodStore
+print(json.dumps(KnownGoodStore(sys.argv[1]).restore(sys.argv[2], sys.argv[3])))
+"""
+
+
+def restore_known_good(lab, host: str, root: str, which: str, dropin_dir: str) -> dict:
+    """Put a known-good snapshot's files back with the collection's own KnownGoodStore (module_utils/known_good.py),
+    as the known-good module does, and reload systemd."""
+    package = "/run/llmops-test-kg/ansible_collections/llmops/inference/plugins/module_utils"
+    sh(lab, host, f"mkdir -p {package}")
+    parts = ["ansible_collections", "llmops", "inference", "plugins", "module_utils"]
+    for depth in range(1, len(parts) + 1):
+        sh(lab, host, f"touch /run/llmops-test-kg/{'/'.join(parts[:depth])}/__init__.py")
+    for name in ("known_good.py", "atomic_file.py"):
+        source = (REPO / "plugins" / "module_utils" / name).read_text()
+        sh(lab, host, f"cat > {package}/{name} <<'PYEOF'\n{source}PYEOF")
+    script = f"python3 - {root} {which} {dropin_dir} <<'PYEOF'\n{RESTORE_SCRIPT}PYEOF\nsystemctl daemon-reload"
+    answer = sh(lab, host, script)
+    return json.loads(answer.splitlines()[0])

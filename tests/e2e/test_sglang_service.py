@@ -1,99 +1,45 @@
-"""The sglang_service role on real systemd with the simulated engine (issue 6 acceptance).
+"""The sglang_service role on real systemd with the simulated engine.
 
-Every test applies the role through a small playbook written to its tmp_path, with the lab's
-inventory variables (the simulated engine's module and the venv's Python) passed as extra vars.
+Every test applies the role through a play in tests/e2e/playbooks/, with the lab's inventory variables (the
+simulated engine's module and the venv's Python) passed as extra vars.
 """
 
 from __future__ import annotations
 
-import base64
 import json
-import re
-import shlex
 import time
-from pathlib import Path
 
 import pytest
-from labutil import SERVICE_LAB_VARS, install_unit, sh, wait_healthy
+import yaml
+from labutil import (
+    SERVICE_LAB_VARS,
+    alive,
+    argv_of,
+    environ_of,
+    fingerprint,
+    install_unit,
+    lock_held,
+    restore_known_good,
+    run_play,
+    sh,
+    unit_show,
+    wait_healthy,
+    wait_until,
+)
 
 pytestmark = pytest.mark.lab
 
-REPO = Path(__file__).resolve().parents[2]
 LAB_VARS = SERVICE_LAB_VARS
 NAME = LAB_VARS["sglang_service_name"]
 UNIT = f"{NAME}.service"
 VENV_PYTHON = LAB_VARS["sglang_service_python"]
 KNOWN_GOOD = f"/var/lib/llmops/known-good/{NAME}"
 LOCK = f"/run/lock/llmops-{NAME}.lock"
-HOST_LOCK = "/usr/local/libexec/llmops/host_lock.py"
+CONFIG = f"/etc/llmops/{NAME}.yaml"
 
 TRICKY_NAME = "a b%c$d\"e'f\\g"
 TRICKY_ENV = "x y$HOME \"q\" 'r' `b` \\ #z %n"
 API_KEY = "s3cret key$1"
-
-ROLE_PLAY = """\
-- name: Apply the sglang_service role
-  hosts: "{{ svc_test_host }}"
-  gather_facts: false
-  roles:
-    - role: llmops.inference.sglang_service
-  post_tasks:
-    - name: Hand the gate's verdict to the test
-      ansible.builtin.copy:
-        content: "{{ sglang_service_gate | default({}) | to_json }}"
-        dest: "{{ svc_test_result }}"
-        mode: "0644"
-      delegate_to: localhost
-      changed_when: false
-"""
-
-DROPIN_PLAY = """\
-- name: Apply a speculative point as a drop-in and restart through the chain
-  hosts: "{{ svc_test_host }}"
-  gather_facts: false
-  tasks:
-    - name: Write the drop-in
-      ansible.builtin.include_role:
-        name: llmops.inference.sglang_service
-        tasks_from: speculative_dropin
-    - name: Restart through the chain
-      ansible.builtin.include_role:
-        name: llmops.inference.sglang_service
-        tasks_from: restart
-    - name: Hand the gate's verdict to the test
-      ansible.builtin.copy:
-        content: "{{ sglang_service_gate | to_json }}"
-        dest: "{{ svc_test_result }}"
-        mode: "0644"
-      delegate_to: localhost
-      changed_when: false
-"""
-
-# The rollback path: restore files, then restart through the handler topic the patch role uses.
-RESTORE_PLAY = """\
-- name: Put back the previous known-good files and restart through the llmops_sglang_restart topic
-  hosts: "{{ svc_test_host }}"
-  gather_facts: false
-  tasks:
-    - name: Restore
-      ansible.builtin.include_role:
-        name: llmops.inference.sglang_service
-        tasks_from: restore_known_good
-    - name: Ask for the gated restart the way sglang_patch does
-      ansible.builtin.debug:
-        msg: "{{ sglang_service_restore.msg }}"
-      changed_when: sglang_service_restore.changed
-      notify: llmops_sglang_restart
-    - name: Run the handler now
-      ansible.builtin.meta: flush_handlers
-    - name: Hand the gate's verdict to the test
-      ansible.builtin.copy:
-        content: "{{ sglang_service_gate | default({}) | to_json }}"
-        dest: "{{ svc_test_result }}"
-        mode: "0644"
-      delegate_to: localhost
-      changed_when: false
-"""
 
 BAD_UNIT = f"""\
 [Unit]
@@ -109,72 +55,11 @@ Restart=on-failure
 RestartSec=1
 """
 
-RECAP = re.compile(r"^(\S+)\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.MULTILINE)
 WATCHED = f"/etc/systemd/system /etc/llmops /usr/local/libexec/llmops /usr/local/lib/llmops /var/lib/llmops {LOCK}"
 
 
-class Run:
-    def __init__(self, proc, result_path: Path):
-        self.proc = proc
-        self.output = proc.stdout + proc.stderr
-        self.result_path = result_path
-
-    @property
-    def ok(self) -> bool:
-        return self.proc.returncode == 0
-
-    def changed(self, host: str) -> int:
-        counts = {match[0]: int(match[2]) for match in RECAP.findall(self.proc.stdout)}
-        return counts[host]
-
-    def gate(self) -> dict:
-        return json.loads(self.result_path.read_text()) if self.result_path.exists() else {}
-
-
-def run_play(lab, tmp_path: Path, host: str, play: str, extra: dict | None = None, label: str = "run") -> Run:
-    playbook = tmp_path / f"{label}.yml"
-    playbook.write_text(play)
-    result = tmp_path / f"{label}.gate.json"
-    extra_vars = {**LAB_VARS, **(extra or {}), "svc_test_host": host, "svc_test_result": str(result)}
-    return Run(lab.playbook(playbook, extra_vars), result)
-
-
-def unit_show(lab, host: str) -> dict:
-    text = sh(lab, host, f"systemctl show {UNIT} -p ActiveState,SubState,MainPID,NRestarts,Result")
-    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
-
-
-def alive(lab, host: str, pid: int) -> bool:
-    return lab.exec(host, f"test -d /proc/{pid} && ! grep -q '^State:.*Z' /proc/{pid}/status").returncode == 0
-
-
-def wait_until(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
-        time.sleep(0.5)
-
-
-def fingerprint(lab, host: str) -> str:
-    """Every file the role could write, with its checksum (missing paths are simply absent)."""
-    return sh(lab, host, f"find {WATCHED} -type f -exec sha256sum {{}} + 2>/dev/null | sort; true")
-
-
-def proc_strings(lab, host: str, path: str) -> list:
-    """The NUL-separated strings of a /proc file such as cmdline or environ, exactly as the kernel has them."""
-    raw = base64.b64decode(sh(lab, host, f"base64 -w0 {path}"))
-    return [part.decode() for part in raw.split(b"\0") if part]
-
-
-def argv_of(lab, host: str, pid: int) -> list:
-    return proc_strings(lab, host, f"/proc/{pid}/cmdline")
-
-
-def environ_of(lab, host: str, pid: int) -> dict:
-    return dict(item.split("=", 1) for item in proc_strings(lab, host, f"/proc/{pid}/environ") if "=" in item)
+def show(lab, host: str) -> dict:
+    return unit_show(lab, host, UNIT)
 
 
 def test_fresh_host_serves_quoted_arguments_and_a_rerun_changes_nothing(clean_lab, tmp_path):
@@ -184,7 +69,7 @@ def test_fresh_host_serves_quoted_arguments_and_a_rerun_changes_nothing(clean_la
         "sglang_service_environment": {"LLMOPS_TEST_VALUE": TRICKY_ENV},
         "sglang_service_api_key": API_KEY,
     }
-    first = run_play(clean_lab, tmp_path, host, ROLE_PLAY, settings, "first")
+    first = run_play(clean_lab, tmp_path, host, "service_role", settings, "first")
     assert first.ok, first.output
     gate = first.gate()
     assert gate["healthy"] is True, gate
@@ -197,33 +82,43 @@ def test_fresh_host_serves_quoted_arguments_and_a_rerun_changes_nothing(clean_la
         "Restart=on-failure",
         "StartLimitBurst=3",
         f"EnvironmentFile=/etc/llmops/{NAME}.env",
-        "--api-key ${SGLANG_API_KEY}",
+        f"--config {CONFIG}",
+        'Environment="CUDA_DEVICE_ORDER=PCI_BUS_ID" "CUDA_VISIBLE_DEVICES=0,1"',
+        "--pid ${MAINPID}",
     ):
         assert line in unit
     assert "ExecStartPre=" in unit and "gpu-free --gpus 0,1" in unit
     assert "ExecStartPost=" in unit and "ready --url http://127.0.0.1:30000/health" in unit
+    assert "ExecStop=" in unit and "drain --url http://127.0.0.1:30000 --timeout 5" in unit
     assert "s3cret" not in unit
     assert sh(clean_lab, host, f"stat -c %a /etc/llmops/{NAME}.env").strip() == "600"
+    # The key reaches the engine through the --config file, byte for byte, and never its command line.
+    assert sh(clean_lab, host, f"stat -c '%a %U' {CONFIG}").strip() == "600 root"
+    assert yaml.safe_load(sh(clean_lab, host, f"cat {CONFIG}")) == {"api-key": API_KEY}
 
-    pid = int(unit_show(clean_lab, host)["MainPID"])
+    pid = int(show(clean_lab, host)["MainPID"])
     argv = argv_of(clean_lab, host, pid)
     assert argv[argv.index("--served-model-name") + 1] == TRICKY_NAME
-    assert argv[argv.index("--api-key") + 1] == API_KEY
-    assert environ_of(clean_lab, host, pid)["LLMOPS_TEST_VALUE"] == TRICKY_ENV
+    assert argv[argv.index("--config") + 1] == CONFIG
+    assert "s3cret" not in " ".join(argv)
+    environ = environ_of(clean_lab, host, pid)
+    assert environ["LLMOPS_TEST_VALUE"] == TRICKY_ENV
+    assert environ["PATH"].startswith("/opt/sglang/venv/bin:")
+    assert environ["CUDA_VISIBLE_DEVICES"] == "0,1"
 
     manifest = json.loads(sh(clean_lab, host, f"cat {KNOWN_GOOD}/current/manifest.json"))
-    assert set(manifest["files"]) == {"unit", "environment"}
+    assert set(manifest["files"]) == {"unit", "environment", "config"}
     live_sum = sh(clean_lab, host, f"sha256sum /etc/systemd/system/{UNIT}").split()[0]
     assert manifest["files"]["unit"]["sha256"] == live_sum
     assert manifest["patch_state_id"] == "unknown"
     assert sh(clean_lab, host, f"stat -c %a {KNOWN_GOOD}").strip() == "700"
-    assert json.loads(sh(clean_lab, host, f"python3 {HOST_LOCK} status --path {LOCK}"))["held"] is False
+    assert lock_held(clean_lab, host, LOCK) is False
 
-    second = run_play(clean_lab, tmp_path, host, ROLE_PLAY, settings, "second")
+    second = run_play(clean_lab, tmp_path, host, "service_role", settings, "second")
     assert second.ok, second.output
     assert second.changed(host) == 0, second.output
     assert second.gate() == {}
-    after = unit_show(clean_lab, host)
+    after = show(clean_lab, host)
     assert int(after["MainPID"]) == pid
     assert after["NRestarts"] == "0"
 
@@ -259,61 +154,71 @@ def test_restart_loop_of_a_bad_unit_is_ended_its_orphans_reaped_and_the_gate_pas
     sh(clean_lab, host, f"systemctl kill --signal=SIGKILL --kill-whom=main {UNIT}")
     orphans = [int(pid) for pid in sh(clean_lab, host, "pgrep -f '^sglang::scheduler' || true").split()]
     assert len(orphans) == 2
-    wait_until(lambda: int(unit_show(clean_lab, host)["NRestarts"]) >= 2, 60, "the restart loop")
+    wait_until(lambda: int(show(clean_lab, host)["NRestarts"]) >= 2, 60, "the restart loop")
 
     run = run_play(
         clean_lab,
         tmp_path,
         host,
-        ROLE_PLAY,
+        "service_role",
         {"sglang_service_environment": {"SGLANG_SIM_FAULTS": "orphan-schedulers,slow-drain"}},
     )
     assert run.ok, run.output
-    assert run.gate()["healthy"] is True
+    gate = run.gate()
+    assert gate["healthy"] is True
+    # The loop is killed (SIGKILL to the whole cgroup, the orphaned schedulers included), not drained.
+    assert gate["stop_mode"] == "kill"
     assert not [pid for pid in orphans if alive(clean_lab, host, pid)]
-    first = unit_show(clean_lab, host)
+    first = show(clean_lab, host)
     assert first["ActiveState"] == "active" and first["NRestarts"] == "0"
     time.sleep(3)
-    assert unit_show(clean_lab, host)["MainPID"] == first["MainPID"]
+    assert show(clean_lab, host)["MainPID"] == first["MainPID"]
     assert "llmops-gate gpu-free: GPUs free" in sh(clean_lab, host, f"journalctl -u {UNIT} --no-pager -n 200")
 
 
-def test_never_loading_model_fails_on_the_gpu_tier_and_the_unit_does_not_flap(clean_lab, tmp_path):
+def test_never_loading_model_fails_on_the_gpu_tier_after_the_start_limit_and_the_unit_does_not_flap(
+    clean_lab, tmp_path
+):
     host = clean_lab.hosts[0]
     sh(clean_lab, host, f"rm -rf {KNOWN_GOOD}")
     run = run_play(
         clean_lab,
         tmp_path,
         host,
-        ROLE_PLAY,
+        "service_role",
         {"sglang_service_environment": {"SGLANG_SIM_FAULTS": "never-load"}, "sglang_service_probe_wait_timeout": 5},
     )
     assert not run.ok
     assert f"{UNIT} failed its gate: gpu tier: " in run.output
+    assert "(after 3 starts, the unit's start limit; the last one is left running)" in run.output
     assert "last 30 journal lines:" in run.output
-    first = unit_show(clean_lab, host)
+    first = show(clean_lab, host)
     time.sleep(3)
-    second = unit_show(clean_lab, host)
+    second = show(clean_lab, host)
     assert first["ActiveState"] == second["ActiveState"] == "active"
     assert first["MainPID"] == second["MainPID"] and second["NRestarts"] == "0"
     assert clean_lab.exec(host, f"test -e {KNOWN_GOOD}/current").returncode != 0, run.output
-    assert json.loads(sh(clean_lab, host, f"python3 {HOST_LOCK} status --path {LOCK}"))["held"] is False
+    assert lock_held(clean_lab, host, LOCK) is False
 
 
 def test_crash_on_load_ends_failed_within_the_start_limit(clean_lab, tmp_path):
     host = clean_lab.hosts[0]
     run = run_play(
-        clean_lab, tmp_path, host, ROLE_PLAY, {"sglang_service_environment": {"SGLANG_SIM_FAULTS": "crash-on-load"}}
+        clean_lab,
+        tmp_path,
+        host,
+        "service_role",
+        {"sglang_service_environment": {"SGLANG_SIM_FAULTS": "crash-on-load"}},
     )
     assert not run.ok
     assert f"{UNIT} failed its gate: unit tier: " in run.output
     assert "StartLimitBurst=3 starts within StartLimitIntervalSec=" in run.output
-    wait_until(lambda: unit_show(clean_lab, host)["ActiveState"] == "failed", 60, "the unit to end in failed")
-    state = unit_show(clean_lab, host)
+    wait_until(lambda: show(clean_lab, host)["ActiveState"] == "failed", 60, "the unit to end in failed")
+    state = show(clean_lab, host)
     assert int(state["NRestarts"]) <= 3
     assert "Start request repeated too quickly" in sh(clean_lab, host, f"journalctl -u {UNIT} --no-pager -n 50")
     time.sleep(3)
-    assert unit_show(clean_lab, host) == state
+    assert show(clean_lab, host) == state
 
 
 @pytest.mark.parametrize(
@@ -336,39 +241,37 @@ def test_crash_on_load_ends_failed_within_the_start_limit(clean_lab, tmp_path):
 )
 def test_bad_variables_fail_in_preflight_and_leave_the_host_unchanged(clean_lab, tmp_path, bad, message):
     host = clean_lab.hosts[0]
-    before = fingerprint(clean_lab, host)
-    run = run_play(clean_lab, tmp_path, host, ROLE_PLAY, bad)
+    before = fingerprint(clean_lab, host, WATCHED)
+    run = run_play(clean_lab, tmp_path, host, "service_role", bad)
     assert not run.ok
     assert message in run.output
-    assert fingerprint(clean_lab, host) == before
+    assert fingerprint(clean_lab, host, WATCHED) == before
 
 
 def test_second_run_fails_naming_the_holder_of_the_host_lock(clean_lab, tmp_path):
     host = clean_lab.hosts[0]
-    helper = (REPO / "roles/sglang_service/files/host_lock.py").read_text()
-    sh(clean_lab, host, f"mkdir -p {Path(HOST_LOCK).parent} && cat > {HOST_LOCK} <<'PYEOF'\n{helper}PYEOF")
-    owner = json.dumps({"controller": "other-controller", "play": "deploy"})
-    sh(
-        clean_lab,
-        host,
-        f"python3 {HOST_LOCK} acquire --path {LOCK} --timeout 1 --lease 120 --owner {shlex.quote(owner)}",
-    )
+    owner = {"controller": "other-controller", "play": "deploy"}
+    taken = clean_lab.module(host, "llmops.inference.host_lock", {"path": LOCK, "owner": owner, "lease": 120})
+    assert taken["token"], taken
 
-    run = run_play(clean_lab, tmp_path, host, ROLE_PLAY, {"sglang_service_lock_timeout": 2})
+    run = run_play(clean_lab, tmp_path, host, "service_role", {"sglang_service_lock_timeout": 2})
     assert not run.ok
     assert f"{LOCK} is held by controller=other-controller, play=deploy" in run.output
     assert "gave up after waiting 2.0 s" in run.output
     assert clean_lab.exec(host, f"test -e /etc/systemd/system/{UNIT}").returncode != 0
-    sh(clean_lab, host, f"python3 {HOST_LOCK} break --path {LOCK}")
+    broken = clean_lab.module(host, "llmops.inference.host_lock", {"path": LOCK, "state": "absent", "force": True})
+    assert broken["changed"] is True and broken["broken"]["owner"] == owner
 
 
 def test_speculative_dropin_then_restore_through_the_restart_topic(clean_lab, tmp_path):
     host = clean_lab.hosts[0]
-    assert run_play(clean_lab, tmp_path, host, ROLE_PLAY, label="base").ok
+    assert run_play(clean_lab, tmp_path, host, "service_role", label="base").ok
     base_unit = sh(clean_lab, host, f"sha256sum /etc/systemd/system/{UNIT}")
 
     point = {"algorithm": "EAGLE", "num_steps": 3, "eagle_topk": 1, "num_draft_tokens": 4}
-    dropin = run_play(clean_lab, tmp_path, host, DROPIN_PLAY, {"sglang_service_speculative_point": point}, "dropin")
+    dropin = run_play(
+        clean_lab, tmp_path, host, "service_dropin", {"sglang_service_speculative_point": point}, "dropin"
+    )
     assert dropin.ok, dropin.output
     gate = dropin.gate()
     assert gate["healthy"] is True
@@ -381,9 +284,11 @@ def test_speculative_dropin_then_restore_through_the_restart_topic(clean_lab, tm
     assert "dropins/50-speculative.conf" in current["files"]
     assert "dropins/50-speculative.conf" not in previous["files"]
 
-    restore = run_play(clean_lab, tmp_path, host, RESTORE_PLAY, {"sglang_service_restore_from": "previous"}, "restore")
+    restored = restore_known_good(clean_lab, host, KNOWN_GOOD, "previous", f"/etc/systemd/system/{UNIT}.d")
+    assert restored["removed"] == [f"/etc/systemd/system/{UNIT}.d/50-speculative.conf"]
+    restore = run_play(clean_lab, tmp_path, host, "service_topic_restart", label="restore")
     assert restore.ok, restore.output
     assert restore.gate()["healthy"] is True
     assert restore.gate()["speculative"]["num_steps"] is None
     assert clean_lab.exec(host, f"test -e /etc/systemd/system/{UNIT}.d/50-speculative.conf").returncode != 0
-    assert json.loads(sh(clean_lab, host, f"python3 {HOST_LOCK} status --path {LOCK}"))["held"] is False
+    assert lock_held(clean_lab, host, LOCK) is False

@@ -1,0 +1,179 @@
+#!/usr/bin/python
+# Copyright: (c) 2025, llmops.inference contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: host_lock
+short_description: Take, release or break the per-host lock that keeps two runs from interleaving
+version_added: 0.2.0
+description:
+  - The lock is an C(flock) on O(path), held by a small detached process that records who holds it (the O(owner)
+    given, its pid, since when and until when). The kernel drops an flock when its holder exits, however it exits,
+    so nothing stays locked after a crash of the holder, and C(/run) is empty after a reboot.
+  - O(state=present) waits up to O(timeout) seconds for the lock and returns its RV(token); another run that holds
+    it makes the task fail naming that holder. A run that dies without releasing the lock blocks others until the
+    O(lease) ends.
+  - O(state=absent) with O(token) releases the lock this run holds (a lock held with another token is left alone);
+    with O(force=true) it breaks the lock, whoever holds it.
+author:
+  - llmops.inference contributors (@llmops)
+requirements:
+  - Linux.
+attributes:
+  check_mode:
+    support: full
+    description: Reports whether the lock is free and what would be done; takes, releases and breaks nothing.
+  diff_mode:
+    support: none
+    description: The lock has no content worth a diff.
+  idempotent:
+    support: full
+    description:
+      - Taking and releasing change nothing that outlasts the run, so they report C(changed=false); breaking a
+        held lock reports C(changed=true).
+options:
+  path:
+    description: The lock file, such as C(/run/lock/llmops-NAME.lock); its directory is created.
+    type: path
+    required: true
+  state:
+    description: C(present) takes the lock, C(absent) releases (O(token)) or breaks (O(force)) it.
+    type: str
+    choices: [present, absent]
+    default: present
+  owner:
+    description: Who takes the lock (controller, user, play, ...), recorded and shown to a run that has to wait.
+    type: dict
+    default: {}
+  timeout:
+    description: Seconds to wait for another holder to let go.
+    type: float
+    default: 600
+  lease:
+    description: Seconds after which the holder lets go by itself (for a run killed while holding the lock).
+    type: float
+    default: 3600
+  token:
+    description: With O(state=absent), the RV(token) the lock was taken with.
+    type: str
+  force:
+    description: With O(state=absent) and no O(token), break the lock whoever holds it.
+    type: bool
+    default: false
+seealso:
+  - module: llmops.inference.sglang_restart
+    description: Takes this lock itself, or checks the one a caller holds (given as its C(lock.token)).
+"""
+
+EXAMPLES = r"""
+- name: Take the host lock across configuration and restart
+  llmops.inference.host_lock:
+    path: /run/lock/llmops-sglang-qwen.lock
+    owner: {play: "{{ ansible_play_name }}", user: "{{ lookup('ansible.builtin.env', 'USER') }}"}
+    timeout: 600
+  register: lock
+
+- name: Release it
+  llmops.inference.host_lock:
+    path: /run/lock/llmops-sglang-qwen.lock
+    state: absent
+    token: "{{ lock.token }}"
+
+- name: Break a lock left by a run that was killed
+  llmops.inference.host_lock:
+    path: /run/lock/llmops-sglang-qwen.lock
+    state: absent
+    force: true
+"""
+
+RETURN = r"""
+msg:
+  description: What was done.
+  returned: always
+  type: str
+  sample: acquired /run/lock/llmops-sglang-qwen.lock after 0.0 s
+token:
+  description: The token to release the lock with (empty in check mode).
+  returned: with O(state=present)
+  type: str
+  sample: 3f2a9c0e4b7d4e1fa1c2b3d4e5f60718
+pid:
+  description: The holder process.
+  returned: with O(state=present), outside check mode
+  type: int
+acquired_at:
+  description: When the lock was taken (UTC).
+  returned: with O(state=present), outside check mode
+  type: str
+  sample: "2025-01-01T10:00:00Z"
+lease_until:
+  description: When the holder lets go by itself (UTC).
+  returned: with O(state=present), outside check mode
+  type: str
+waited_s:
+  description: Seconds waited for the lock.
+  returned: with O(state=present), outside check mode
+  type: float
+held:
+  description: Whether the lock is held (by this run, or in check mode by anyone).
+  returned: with O(state=present)
+  type: bool
+holder:
+  description: What the lock file says about the holder that made the task fail, or the current one in check mode.
+  returned: when another run holds the lock
+  type: dict
+released:
+  description: Whether this run let go of the lock.
+  returned: with O(state=absent)
+  type: bool
+broken:
+  description: The holder whose lock was broken.
+  returned: with O(force=true), when a lock was broken
+  type: dict
+"""
+
+from ansible.module_utils.basic import AnsibleModule  # noqa: E402 - Ansible modules import after their docs
+
+from ansible_collections.llmops.inference.plugins.module_utils.host_lock import (  # noqa: E402
+    LockBusy,
+    LockError,
+    manage,
+)
+
+ARGUMENT_SPEC = dict(
+    path=dict(type="path", required=True),
+    state=dict(type="str", choices=["present", "absent"], default="present"),
+    owner=dict(type="dict", default={}),
+    timeout=dict(type="float", default=600),
+    lease=dict(type="float", default=3600),
+    token=dict(type="str", no_log=False),
+    force=dict(type="bool", default=False),
+)
+
+
+def main():
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    params = module.params
+    try:
+        result = manage(
+            params["path"],
+            params["state"],
+            owner=params["owner"],
+            timeout=params["timeout"],
+            lease=params["lease"],
+            token=params["token"],
+            force=params["force"],
+            check_mode=module.check_mode,
+        )
+    except LockBusy as exc:
+        module.fail_json(msg=str(exc), holder=exc.holder, changed=False)
+    except (LockError, OSError, ValueError) as exc:
+        module.fail_json(msg=str(exc), changed=False)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

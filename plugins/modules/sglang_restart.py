@@ -1,0 +1,518 @@
+#!/usr/bin/python
+# Copyright: (c) 2025, llmops.inference contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: sglang_restart
+short_description: Restart an SGLang unit through the gated chain - drain, stop, reap, start, probe gate, snapshot
+version_added: 0.2.0
+description:
+  - Restarts one systemd unit that runs an SGLang server, in one round trip, through a fixed chain whose steps are
+    each timed and reported in RV(steps).
+  - C(lock) - takes the host lock O(lock.path) (waits up to O(lock.timeout)), unless O(lock.token) says the caller
+    holds it already. The lock is released at the end whatever happens.
+  - C(unit) - reads the unit (ActiveState, SubState, MainPID, NRestarts, start limit, whether systemd needs a reload).
+  - C(gateway_drain) - reserved for removing the worker from its gateways before the stop; skipped for now.
+  - C(stop) - a unit caught in a restart loop (waiting to restart, or starting again after automatic restarts) is
+    killed with SIGKILL; it serves nothing, and a drain would only wait for processes that may ignore SIGTERM. A
+    running unit is stopped with C(systemctl stop), which runs its C(ExecStop) drain (the sglang_service role's unit
+    sends SIGTERM to the main process alone and waits until no request is in flight) within C(TimeoutStopSec).
+  - C(reset_failed) - clears the failed state and the start counter; systemd counts the chain's own starts against
+    C(StartLimitBurst).
+  - C(reap) - reaps GPU holders left in the unit's cgroup, then processes titled C(^sglang::) that were orphaned on
+    the unit's GPUs (SIGTERM, O(reap.grace), SIGKILL), and waits until every GPU of the unit uses at most
+    O(reap.threshold_mib) (memory is released some time after its holder exits). When the reaper reports memory it
+    cannot free (a holder that survives SIGKILL, memory held with no process), the chain fails with
+    C(GPU n needs a reset or a reboot) and the evidence, and does not start the unit, which stays stopped.
+  - C(daemon_reload) - only when systemd says the unit's files changed since it read them.
+  - C(start) - C(systemctl start --no-block); the engine loads while the gate polls.
+  - C(gate) - polls the unit (every 0.1 s) until the server is ready, failing at once when the unit dies or
+    restarts; then runs the C(sglang_probe) tiers (unit, gpu, health, model, generate, floors). The stability window
+    (O(stability_window)) starts when the server first answers C(/health) with 200 and overlaps the tiers; what is
+    left of it after the tiers is polled, and the gate fails as soon as MainPID, NRestarts or ActiveState move. A unit
+    that ends C(inactive) because its main process exited with status 0 is a failed gate with that reason. After an
+    unclean stop (the reap found holders) the probe adds a soak of O(soak) short generations.
+  - A gate that fails on the C(gpu) tier (the unit is active but its processes hold no model) is retried (stop, reap,
+    start, gate) up to the unit's C(StartLimitBurst) starts (O(max_starts)); then the chain fails with the gpu tier's
+    reason and leaves the last attempt running, so the host does not flap and its state and journal can be read.
+  - C(snapshot) - on a pass, saves the known-good snapshot (O(known_good)).
+  - On a failure, the result carries the failing step or tier, the probe's reason, the unit's state after
+    (ActiveState, SubState, Result, NRestarts, and the start limit when it applies) and the journal's tail.
+  - "Everything returned is redacted - O(api_key), O(redact) and the C(api_key='...'), C(--api-key X),
+    C(api-key: X) and C(Authorization: Bearer X) forms - so a journal line of the engine's arguments cannot leak it."
+author:
+  - llmops.inference contributors (@llmops)
+requirements:
+  - Linux with systemd; C(journalctl).
+  - For the reap and the gpu tier, Python package C(nvidia-ml-py) (module C(pynvml)) or C(nvidia-smi).
+attributes:
+  check_mode:
+    support: full
+    description:
+      - Reads the unit and the lock and reports the plan in RV(plan) - the stop mode, what the reaper would reap,
+        the start, the gate - and changes nothing. C(changed) is true (a restart would run).
+  diff_mode:
+    support: full
+    description: The unit's ActiveState, SubState and MainPID before and after (in check mode, the expected state).
+  idempotent:
+    support: none
+    description: Every run restarts the unit; C(changed) is true whenever the chain ran.
+extends_documentation_fragment:
+  - llmops.inference.sglang_server
+options:
+  unit:
+    description:
+      - The systemd unit that runs the server (C(.service) is added to a name without a unit type).
+    type: str
+    required: true
+  url:
+    description:
+      - Base URL of the server, as the gate reaches it on the host.
+    type: str
+    default: http://127.0.0.1:30000
+  gpus:
+    description:
+      - The unit's GPUs, by index or UUID (C(GPU-...), C(MIG-...)), as its C(CUDA_VISIBLE_DEVICES) places the engine.
+        The reaper, the GPU wait and the probe's C(gpu) tier use this set. Empty means every GPU of the host.
+    type: list
+    elements: str
+    default: []
+  ready_timeout:
+    description:
+      - Seconds the gate waits, after the start, for the server to be ready (weights and warm-up).
+    type: float
+    default: 1260
+  ready_when_active:
+    description:
+      - The unit turns C(active) only once C(/health) answered 200 (an C(ExecStartPost) readiness gate, as the
+        sglang_service role's unit has), so the gate takes the moment it turned active as the first 200 instead of
+        asking C(/health) itself (which SGLang answers with a one-token generation).
+    type: bool
+    default: false
+  stability_window:
+    description:
+      - Seconds after the first C(/health) 200 during which MainPID, NRestarts and ActiveState must not move. It
+        overlaps the probe's tiers; each restart costs what is left of it after them.
+      - The default catches an engine that exits a few seconds after it became ready, which would otherwise pass
+        the gate and get a known-good snapshot while the host then sits stopped.
+    type: float
+    default: 5
+  soak:
+    description:
+      - Short generations the probe runs one after the other after an unclean stop (the reap found holders). C(0)
+        turns the soak off.
+    type: int
+    default: 3
+  max_starts:
+    description:
+      - How many starts a gate that fails on the C(gpu) tier may take. Default is the unit's C(StartLimitBurst).
+    type: int
+  reap:
+    description: How the leftovers and orphans are reaped.
+    type: dict
+    default: {}
+    suboptions:
+      grace:
+        description: Seconds between SIGTERM and SIGKILL.
+        type: float
+        default: 10
+      timeout:
+        description: Seconds to wait, after the last signal, for the exits and for the memory to be released.
+        type: float
+        default: 60
+      threshold_mib:
+        description: The memory each GPU of the unit may still use before the start (the start gate's threshold).
+        type: int
+        default: 1024
+  probe:
+    description: The probe gate's checks (see M(llmops.inference.sglang_probe)).
+    type: dict
+    default: {}
+    suboptions:
+      expected_model:
+        description: The model the server must serve.
+        type: str
+      min_gpu_memory_mib:
+        description: MiB the unit's processes must hold on each of its GPUs.
+        type: int
+        default: 1024
+      max_new_tokens:
+        description: Tokens of the test generation.
+        type: int
+        default: 32
+      generate_timeout:
+        description: Seconds the test generation may take.
+        type: float
+        default: 60
+      min_tokens_per_s:
+        description: Floor for the generation's decode throughput.
+        type: float
+      min_accept_length:
+        description: Floor for the speculative accept length.
+        type: float
+      tp_size:
+        description: The server's C(--tp-size); the count of GPUs that must hold memory when O(gpus) is empty.
+        type: int
+  lock:
+    description:
+      - The host lock (see M(llmops.inference.host_lock)). Without O(lock.path) the chain takes no lock.
+    type: dict
+    default: {}
+    suboptions:
+      path:
+        description: The lock file, such as C(/run/lock/llmops-NAME.lock).
+        type: path
+      token:
+        description:
+          - The token of a lock the caller holds (from M(llmops.inference.host_lock)); the chain checks that it is
+            still held with it and neither takes nor releases it.
+        type: str
+      owner:
+        description: Who takes the lock, recorded in it and shown to a run that has to wait.
+        type: dict
+        default: {}
+      timeout:
+        description: Seconds to wait for another holder.
+        type: float
+        default: 600
+      lease:
+        description: Seconds after which a lock left by a killed run lets go by itself.
+        type: float
+        default: 3600
+  known_good:
+    description:
+      - Where the known-good snapshot is saved after a passing gate. Without O(known_good.root), none is saved.
+    type: dict
+    default: {}
+    suboptions:
+      root:
+        description: The snapshot store of this unit.
+        type: path
+      files:
+        description: The files to record, by name (C(unit), C(environment), C(config), ...).
+        type: dict
+        default: {}
+      dropin_dir:
+        description: The unit's drop-in directory; its C(*.conf) files are recorded too.
+        type: path
+      patch_state_id:
+        description: The patch state of SGLang's sources, recorded in the manifest.
+        type: str
+        default: unknown
+      python:
+        description: The engine's interpreter, naming the SGLang installation whose sources the snapshot records.
+        type: path
+  journal_lines:
+    description: Journal lines returned after a failure.
+    type: int
+    default: 30
+  redact:
+    description: More secrets to mask in everything returned, besides O(api_key).
+    type: list
+    elements: str
+    default: []
+  fail_on_unhealthy:
+    description:
+      - Fail when the gate fails, with RV(msg). Set to V(false) to decide afterwards (RV(healthy)); a step that
+        fails before the gate (lock, stop, reap, start) always fails the task.
+    type: bool
+    default: true
+notes:
+  - The role C(llmops.inference.sglang_service) templates a unit this chain restarts (with the C(ExecStop) drain and
+    the readiness gate) and calls the chain from C(tasks_from=restart).
+  - The chain polls every 0.1 s and never sleeps a fixed time; its cost over the engine's own drain and load is
+    what is left of O(stability_window) after the probe's tiers, and the probe itself.
+seealso:
+  - module: llmops.inference.sglang_probe
+  - module: llmops.inference.nvidia_reap
+  - module: llmops.inference.host_lock
+"""
+
+EXAMPLES = r"""
+- name: Restart SGLang through the gated chain
+  llmops.inference.sglang_restart:
+    unit: sglang-qwen.service
+    url: http://127.0.0.1:30000
+    gpus: ["0", "1"]
+    ready_when_active: true
+    probe:
+      expected_model: Qwen/Qwen3-8B
+    lock:
+      path: /run/lock/llmops-sglang-qwen.lock
+      owner: {play: "{{ ansible_play_name }}"}
+    known_good:
+      root: /var/lib/llmops/known-good/sglang-qwen
+      files:
+        unit: /etc/systemd/system/sglang-qwen.service
+        environment: /etc/llmops/sglang-qwen.env
+      dropin_dir: /etc/systemd/system/sglang-qwen.service.d
+      python: /opt/sglang/venv/bin/python
+  register: gate
+
+- name: A sweep point - record a failed gate and go on
+  llmops.inference.sglang_restart:
+    unit: sglang-qwen.service
+    gpus: ["0", "1"]
+    fail_on_unhealthy: false
+  register: gate
+
+- name: Show what a restart would do
+  llmops.inference.sglang_restart:
+    unit: sglang-qwen.service
+  check_mode: true
+  diff: true
+"""
+
+RETURN = r"""
+msg:
+  description:
+    - One line when the gate passed; after a failure the failing step or tier with its reason, the unit's state
+      and the journal's tail, one per line.
+  returned: always
+  type: str
+  sample: "sglang-qwen.service failed its gate: gpu tier: unit active but its processes hold 0 MiB on GPU 0"
+healthy:
+  description: Whether the gate passed and the snapshot was saved (null in check mode).
+  returned: always
+  type: bool
+  sample: true
+failed_step:
+  description:
+    - The step that failed before or after the gate (C(lock), C(unit), C(stop), C(reap), C(start), C(snapshot)),
+      or null.
+  returned: always
+  type: str
+  sample: reap
+failed_tier:
+  description: The gate's failed tier (C(unit), C(gpu), C(health), C(model), C(generate), C(floors)), or null.
+  returned: always
+  type: str
+  sample: gpu
+reason:
+  description: Why the step or tier failed, or null.
+  returned: always
+  type: str
+  sample: "GPU 1 needs a reset or a reboot: pid 7001 (state D) holds 44000 MiB after SIGKILL"
+tiers:
+  description:
+    - The gate's tiers, each with C(name), C(status), C(reason), C(elapsed_s) (as M(llmops.inference.sglang_probe)).
+  returned: always
+  type: list
+  elements: dict
+steps:
+  description:
+    - Every step in order, each with C(name), C(attempt), C(status) (C(ok), C(failed), C(skipped), C(planned)),
+      C(detail), C(elapsed_s).
+  returned: always
+  type: list
+  elements: dict
+  sample:
+    - {name: stop, attempt: 1, status: ok, detail: "active (running): stopped through its ExecStop", elapsed_s: 0.61}
+attempts:
+  description: Starts the chain made (more than one when the gpu tier failed and was retried).
+  returned: always
+  type: int
+  sample: 1
+gates:
+  description: Each attempt's gate, with C(attempt), C(healthy), C(failed_tier), C(reason), C(main_pid).
+  returned: always
+  type: list
+  elements: dict
+stop_mode:
+  description: C(kill) (a restart loop), C(drain) (a running unit) or C(none) (nothing ran).
+  returned: always
+  type: str
+  sample: drain
+reaped:
+  description:
+    - The processes the reaper signalled, with C(pid), C(title), C(unit), C(gpus), C(used_mib), C(signals),
+      C(exited).
+  returned: always
+  type: list
+  elements: dict
+unreapable:
+  description: GPU memory the reaper could not free, with C(gpu), C(uuid), C(pid), C(state), C(mib), C(evidence).
+  returned: always
+  type: list
+  elements: dict
+soak:
+  description: Short generations the probe ran after an unclean stop (0 after a clean one).
+  returned: always
+  type: int
+  sample: 0
+main_pid:
+  description: The unit's MainPID after the chain.
+  returned: always
+  type: int
+  sample: 4121
+n_restarts:
+  description: NRestarts after the chain.
+  returned: always
+  type: int
+active_state:
+  description: ActiveState after the chain.
+  returned: always
+  type: str
+  sample: active
+sub_state:
+  description: SubState after the chain.
+  returned: always
+  type: str
+result:
+  description: systemd's C(Result) of the unit after the chain (C(start-limit-hit) when systemd gave up).
+  returned: always
+  type: str
+start_limit:
+  description: The unit's start limit in words.
+  returned: always
+  type: str
+  sample: StartLimitBurst=3 starts within StartLimitIntervalSec=3630 s
+gpu_memory_mib:
+  description: MiB the unit's processes hold on each GPU (by index).
+  returned: always
+  type: dict
+model:
+  description: What the server serves (C(model_path), C(served_model_name), C(ids)).
+  returned: always
+  type: dict
+speculative:
+  description: The server's speculative-decoding settings.
+  returned: always
+  type: dict
+generation:
+  description: The gate's test generation.
+  returned: always
+  type: dict
+snapshot:
+  description: What the known-good snapshot step did, or null.
+  returned: always
+  type: str
+  sample: snapshot saved
+journal:
+  description: The journal's last O(journal_lines) lines after a failure (redacted).
+  returned: always
+  type: list
+  elements: str
+start:
+  description: C(queued) once the start job was queued, else null.
+  returned: always
+  type: str
+lock:
+  description: The lock the chain used (C(path), C(taken)).
+  returned: always
+  type: dict
+plan:
+  description:
+    - In check mode, what the chain would do (C(stop), C(reap), C(daemon_reload), C(start), C(gate), C(snapshot)).
+  returned: check mode
+  type: dict
+elapsed_s:
+  description: Seconds the whole chain took.
+  returned: always
+  type: float
+  sample: 13.4
+unit:
+  description: The unit.
+  returned: always
+  type: str
+option:
+  description: The option that was refused.
+  returned: when an option is invalid
+  type: str
+  sample: stability_window
+"""
+
+from ansible.module_utils.basic import AnsibleModule  # noqa: E402 - Ansible modules import after their docs
+
+from ansible_collections.llmops.inference.plugins.module_utils.module_support import (  # noqa: E402
+    command_runner,
+    fail_refused_option,
+)
+from ansible_collections.llmops.inference.plugins.module_utils.restart_chain import (  # noqa: E402
+    ChainInputError,
+    RestartChain,
+    parse_chain_options,
+)
+from ansible_collections.llmops.inference.plugins.module_utils.sglang import server_argument_spec  # noqa: E402
+
+ARGUMENT_SPEC = dict(
+    server_argument_spec(),
+    unit=dict(type="str", required=True),
+    gpus=dict(type="list", elements="str", default=[]),
+    ready_timeout=dict(type="float", default=1260),
+    ready_when_active=dict(type="bool", default=False),
+    stability_window=dict(type="float", default=5),
+    soak=dict(type="int", default=3),
+    max_starts=dict(type="int"),
+    reap=dict(
+        type="dict",
+        default={},
+        options=dict(
+            grace=dict(type="float", default=10),
+            timeout=dict(type="float", default=60),
+            threshold_mib=dict(type="int", default=1024),
+        ),
+    ),
+    probe=dict(
+        type="dict",
+        default={},
+        options=dict(
+            expected_model=dict(type="str"),
+            min_gpu_memory_mib=dict(type="int", default=1024),
+            max_new_tokens=dict(type="int", default=32, no_log=False),
+            generate_timeout=dict(type="float", default=60),
+            min_tokens_per_s=dict(type="float", no_log=False),
+            min_accept_length=dict(type="float"),
+            tp_size=dict(type="int"),
+        ),
+    ),
+    lock=dict(
+        type="dict",
+        default={},
+        options=dict(
+            path=dict(type="path"),
+            token=dict(type="str", no_log=False),
+            owner=dict(type="dict", default={}),
+            timeout=dict(type="float", default=600),
+            lease=dict(type="float", default=3600),
+        ),
+    ),
+    known_good=dict(
+        type="dict",
+        default={},
+        options=dict(
+            root=dict(type="path"),
+            files=dict(type="dict", default={}),
+            dropin_dir=dict(type="path"),
+            patch_state_id=dict(type="str", default="unknown"),
+            python=dict(type="path"),
+        ),
+    ),
+    journal_lines=dict(type="int", default=30),
+    redact=dict(type="list", elements="str", default=[], no_log=True),
+    fail_on_unhealthy=dict(type="bool", default=True),
+)
+
+
+def main():
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    try:
+        options = parse_chain_options(module.params)
+    except ChainInputError as exc:
+        fail_refused_option(module, exc)
+    result = RestartChain(options, command_runner(module)).run(check_mode=module.check_mode)
+    for warning in result.pop("warnings", []):
+        module.warn(warning)
+    diff = result.pop("diff")
+    if module._diff:
+        result["diff"] = diff
+    if result["failed_step"] or (result["healthy"] is False and module.params["fail_on_unhealthy"]):
+        module.fail_json(**result)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

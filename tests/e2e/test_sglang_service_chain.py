@@ -1,0 +1,321 @@
+"""The restart chain and the unit on lab hosts: the drain of in-flight requests, the stability window, failure 2's
+recovery, secrets (never in ps, redacted at -vvv), unit-file injection, the interpreter preflight, check mode."""
+
+from __future__ import annotations
+
+import json
+import re
+import textwrap
+
+import pytest
+from labutil import (
+    SERVICE_LAB_VARS,
+    environ_of,
+    fingerprint,
+    install_test_engine,
+    lock_held,
+    run_play,
+    sh,
+    unit_show,
+    wait_until,
+)
+
+pytestmark = pytest.mark.lab
+
+NAME = SERVICE_LAB_VARS["sglang_service_name"]
+UNIT = f"{NAME}.service"
+KNOWN_GOOD = f"/var/lib/llmops/known-good/{NAME}"
+LOCK = f"/run/lock/llmops-{NAME}.lock"
+WATCHED = f"/etc/systemd/system /etc/llmops /usr/local/libexec/llmops /usr/local/lib/llmops /var/lib/llmops {LOCK}"
+KEY = "lab-k3y-9f2c7a"
+
+# 16 streaming clients; each records what it received. Runs on the host, in the background, until all have ended.
+LOAD = """
+import json, sys, threading, urllib.request
+tokens, out = int(sys.argv[1]), sys.argv[2]
+results = [None] * 16
+
+def client(index):
+    body = json.dumps({"text": f"Drain test prompt {index}", "stream": True,
+                       "sampling_params": {"max_new_tokens": tokens, "temperature": 0}}).encode()
+    request = urllib.request.Request("http://127.0.0.1:30000/generate", body, {"Content-Type": "application/json"})
+    seen = {"chunks": 0, "done": False, "completion_tokens": None, "finish_reason": None, "error": None}
+    try:
+        with urllib.request.urlopen(request, timeout=300) as answer:
+            for raw in answer:
+                line = raw.decode().strip()
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    seen["done"] = True
+                    break
+                chunk = json.loads(data)
+                seen["chunks"] += 1
+                meta = chunk.get("meta_info") or {}
+                seen["completion_tokens"] = meta.get("completion_tokens", seen["completion_tokens"])
+                seen["finish_reason"] = meta.get("finish_reason") or seen["finish_reason"]
+    except Exception as exc:
+        seen["error"] = repr(exc)
+    results[index] = seen
+
+threads = [threading.Thread(target=client, args=(index,)) for index in range(16)]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+with open(out + ".tmp", "w") as handle:
+    json.dump(results, handle)
+import os
+os.replace(out + ".tmp", out)
+"""
+
+
+METRICS = (
+    "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:30000/metrics', timeout=5).read().decode())"
+)
+
+
+def metric(lab, host: str, name: str) -> float:
+    text = lab.exec(host, f'python3 -c "{METRICS}"').stdout
+    return sum(
+        float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith(name + "{") or line.startswith(name + " ")
+    )
+
+
+def test_requests_in_flight_during_a_restart_all_complete(clean_lab, tmp_path):
+    """16 streams in flight when the chain restarts the unit: every one completes with its full output.
+
+    On a lab truthful to SGLang 0.5.23 (schedulers die on SIGTERM, the main process's watchdog then kills the tree)
+    the unit's old stop (SIGTERM to the whole group at once) cuts all 16; the ExecStop drain lets them finish."""
+    host = clean_lab.hosts[0]
+    # 8 s per stream at 10 ms per token: longer than the play's start-up, and few chunks for a busy machine.
+    tokens = 800
+    drain = {
+        "sglang_service_environment": {"SGLANG_SIM_DRAIN_TIME": "120", "SGLANG_SIM_TOKEN_LATENCY_MS": "10"},
+        "sglang_service_drain_timeout": 60,
+    }
+    up = run_play(clean_lab, tmp_path, host, "service_role", drain, "up")
+    assert up.ok, up.output
+    sh(clean_lab, host, f"cat > /run/drain_load.py <<'PYEOF'\n{LOAD}PYEOF")
+    sh(clean_lab, host, f"(python3 /run/drain_load.py {tokens} /run/drain_load.json) </dev/null >/dev/null 2>&1 &")
+    wait_until(lambda: metric(clean_lab, host, "sglang:num_running_reqs") >= 16, 30, "16 requests running")
+
+    restart = run_play(clean_lab, tmp_path, host, "service_restart", drain, "restart")
+    assert restart.ok, restart.output
+    gate = restart.gate()
+    assert gate["healthy"] is True, gate["msg"]
+    assert gate["stop_mode"] == "drain"
+
+    results = json.loads(
+        sh(clean_lab, host, "until [ -s /run/drain_load.json ]; do sleep 0.2; done; cat /run/drain_load.json")
+    )
+    cut = [result for result in results if not (result["done"] and result["completion_tokens"] == tokens)]
+    assert not cut, cut
+    assert all(result["error"] is None for result in results)
+    # The stop began while they were in flight, and its drain waited for them.
+    journal = sh(clean_lab, host, f"journalctl -u {UNIT} --no-pager -n 400")
+    drained = re.findall(r"llmops-gate drain: draining main process \d+: (\d+) running", journal)
+    in_flight = [int(count) for count in drained]
+    assert in_flight and max(in_flight) > 0, journal
+
+
+def test_an_engine_that_exits_0_right_after_it_became_ready_fails_the_gate_and_gets_no_snapshot(clean_lab, tmp_path):
+    host = clean_lab.hosts[0]
+    install_test_engine(clean_lab, host)
+    run = run_play(
+        clean_lab,
+        tmp_path,
+        host,
+        "service_role",
+        {
+            "sglang_service_launch_module": "llmops_test_engine",
+            "sglang_service_environment": {"LLMOPS_TEST_EXIT_AFTER_READY": "3"},
+        },
+    )
+    assert not run.ok
+    assert f"{UNIT} failed its gate: unit tier: unit {UNIT} is " in run.output
+    assert "(exited 0): its main process exited with status 0" in run.output
+    assert "within the stability window" in run.output
+    assert clean_lab.exec(host, f"test -e {KNOWN_GOOD}/current").returncode != 0
+    state = unit_show(clean_lab, host, UNIT)
+    assert state["ActiveState"] == "inactive" and state["Result"] == "success"
+
+
+def test_a_model_that_did_not_load_once_is_recovered_by_the_chain(clean_lab, tmp_path):
+    host = clean_lab.hosts[0]
+    install_test_engine(clean_lab, host)
+    sh(clean_lab, host, "rm -f /run/llmops-test-never-load-once")
+    run = run_play(
+        clean_lab,
+        tmp_path,
+        host,
+        "service_role",
+        {
+            "sglang_service_launch_module": "llmops_test_engine",
+            "sglang_service_environment": {"LLMOPS_TEST_NEVER_LOAD_ONCE": "/run/llmops-test-never-load-once"},
+        },
+    )
+    assert run.ok, run.output
+    gate = run.gate()
+    assert gate["healthy"] is True
+    assert gate["attempts"] == 2
+    assert gate["gates"][0]["failed_tier"] == "gpu"
+    assert clean_lab.exec(host, f"test -e {KNOWN_GOOD}/current").returncode == 0
+
+
+def test_the_api_key_is_never_in_ps_and_its_file_is_private(clean_lab, tmp_path):
+    host = clean_lab.hosts[0]
+    run = run_play(clean_lab, tmp_path, host, "service_role", {"sglang_service_api_key": KEY})
+    assert run.ok, run.output
+    assert KEY not in sh(clean_lab, host, "ps -eo pid,args ww")
+    assert KEY not in sh(clean_lab, host, f"systemctl cat {UNIT}; systemctl show {UNIT}")
+    assert sh(clean_lab, host, f"stat -c '%a %U %G' /etc/llmops/{NAME}.yaml").strip() == "600 root root"
+    assert KEY not in run.output
+
+
+def test_a_service_user_gets_a_home_and_a_writable_sglang_cache(clean_lab, tmp_path):
+    host = clean_lab.hosts[0]
+    # The simulated GPUs' claims stand for /dev/nvidia*, which every user may open on a real host.
+    sh(clean_lab, host, "chmod 1777 /var/lib/simgpu/claims")
+    user = {"sglang_service_user": "sglang-t", "sglang_service_group": "sglang-t", "sglang_service_api_key": KEY}
+    run = run_play(clean_lab, tmp_path, host, "service_role", user)
+    assert run.ok, run.output
+    assert run.gate()["healthy"] is True
+    home = sh(clean_lab, host, "getent passwd sglang-t | cut -d: -f6").strip()
+    assert home == f"/var/lib/{NAME}"
+    pid = int(unit_show(clean_lab, host, UNIT)["MainPID"])
+    assert sh(clean_lab, host, f"stat -c %U /proc/{pid}").strip() == "sglang-t"
+    assert environ_of(clean_lab, host, pid)["HOME"] == home
+    sh(clean_lab, host, f"runuser -u sglang-t -- sh -c 'test -w {home} && touch {home}/.cache/sglang/probe'")
+    assert sh(clean_lab, host, f"stat -c '%a %U %G' /etc/llmops/{NAME}.yaml").strip() == "600 sglang-t sglang-t"
+    second = run_play(clean_lab, tmp_path, host, "service_role", user, "second")
+    assert second.ok and second.changed(host) == 0, second.output
+
+
+def test_a_key_the_engine_logs_is_redacted_from_the_failure_even_at_vvv(clean_lab, tmp_path):
+    """The engine crashes while loading and logs its arguments first (server_args=ServerArgs(..., api_key='...'),
+    as SGLang does); the failure carries the journal's tail. The key must not appear anywhere in the play's output."""
+    host = clean_lab.hosts[0]
+    install_test_engine(clean_lab, host)
+    settings = {
+        "sglang_service_api_key": KEY,
+        # The engine reads the key from its --config file and logs it, as SGLang does.
+        "sglang_service_launch_module": "llmops_test_engine",
+        "sglang_service_environment": {"SGLANG_SIM_FAULTS": "crash-on-load", "LLMOPS_TEST_CONFIG_TO_ARGS": "1"},
+    }
+    run = run_play(clean_lab, tmp_path, host, "service_role", settings, verbosity=3)
+    assert not run.ok
+    assert "last 30 journal lines:" in run.output
+    assert "api_key='********'" in run.output
+    assert KEY in sh(clean_lab, host, f"journalctl -u {UNIT} --no-pager -n 200"), "the engine did not log its key"
+    hits = [line for line in run.output.splitlines() if KEY in line]
+    assert hits == [], hits
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("sglang_service_description", "SGLang\nExecStartPre=/bin/touch /tmp/injected"),
+        ("sglang_service_working_directory", "/\nExecStartPre=/bin/touch /tmp/injected"),
+    ],
+)
+def test_a_line_break_in_a_unit_value_fails_naming_the_variable_and_changes_nothing(
+    clean_lab, tmp_path, variable, value
+):
+    host = clean_lab.hosts[0]
+    before = fingerprint(clean_lab, host, WATCHED)
+    run = run_play(clean_lab, tmp_path, host, "service_role", {variable: value})
+    assert not run.ok
+    # Ansible prints the message inside JSON at times, with its backslash doubled.
+    assert re.search(rf"{variable}: a line break \(\\+n\) at character \d+ is not allowed", run.output), run.output
+    assert fingerprint(clean_lab, host, WATCHED) == before
+    assert clean_lab.exec(host, "test -e /tmp/injected").returncode != 0
+
+
+OLD_PYTHON = """\
+#!/opt/sglang/venv/bin/python
+# A Python that reports 3.10.12, for the preflight test (the lab image has only 3.11).
+import sys
+sys.version_info = (3, 10, 12, "final", 0)
+code = sys.argv[sys.argv.index("-c") + 1]
+sys.argv = ["-c"] + sys.argv[sys.argv.index("-c") + 2 :]
+exec(compile(code, "<string>", "exec"), {"__name__": "__main__"})
+"""
+
+
+@pytest.mark.parametrize(
+    ("python", "message"),
+    [
+        (
+            "/opt/fakepy/bin/python",
+            "sglang_service_python /opt/fakepy/bin/python is Python 3.10.12; sglang needs Python >= 3.11",
+        ),
+        ("/opt/nosglang/bin/python", "sglang_service_python /opt/nosglang/bin/python cannot run SGLang: "),
+    ],
+    ids=["python-3.10", "no-sglang"],
+)
+def test_an_interpreter_that_cannot_run_sglang_is_refused_before_anything_changes(clean_lab, tmp_path, python, message):
+    host = clean_lab.hosts[0]
+    sh(
+        clean_lab,
+        host,
+        f"mkdir -p /opt/fakepy/bin && cat > /opt/fakepy/bin/python <<'PYEOF'\n{OLD_PYTHON}PYEOF\n"
+        "chmod 755 /opt/fakepy/bin/python; python3 -m venv --without-pip /opt/nosglang",
+    )
+    before = fingerprint(clean_lab, host, WATCHED)
+    run = run_play(clean_lab, tmp_path, host, "service_role", {"sglang_service_python": python})
+    assert not run.ok
+    assert message in run.output
+    assert fingerprint(clean_lab, host, WATCHED) == before
+
+
+def test_a_wrong_sglang_version_is_refused(clean_lab, tmp_path):
+    host = clean_lab.hosts[0]
+    before = fingerprint(clean_lab, host, WATCHED)
+    run = run_play(clean_lab, tmp_path, host, "service_role", {"sglang_service_version": "0.4.0"})
+    assert not run.ok
+    assert "has sglang 0.5.23, but version 0.4.0 is required" in run.output
+    assert fingerprint(clean_lab, host, WATCHED) == before
+
+
+def test_check_mode_reports_the_restart_plan_and_changes_nothing(clean_lab, tmp_path):
+    host = clean_lab.hosts[0]
+    assert run_play(clean_lab, tmp_path, host, "service_role", label="up").ok
+    pid = unit_show(clean_lab, host, UNIT)["MainPID"]
+    before = fingerprint(clean_lab, host, WATCHED)
+    run = run_play(clean_lab, tmp_path, host, "service_restart", label="check", check=True, diff=True)
+    assert run.ok, run.output
+    gate = run.gate()
+    assert gate["plan"]["stop"]["mode"] == "drain"
+    assert gate["plan"]["start"] == f"systemctl start --no-block {UNIT}"
+    assert "MainPID=(new)" in run.output
+    assert unit_show(clean_lab, host, UNIT)["MainPID"] == pid
+    assert fingerprint(clean_lab, host, WATCHED) == before
+    assert lock_held(clean_lab, host, LOCK) is False
+
+
+def test_gpu_memory_that_cannot_be_freed_stops_the_chain_before_the_start(clean_lab, tmp_path):
+    host = clean_lab.hosts[0]
+    if "--stuck" not in clean_lab.exec(host, "simgpu-claim --help").stdout:
+        pytest.skip(
+            "needs the lab's unreapable GPU holder (simgpu-claim --stuck: memory held by a process in uninterruptible "
+            "sleep that survives SIGKILL), which lands with the lab truthful to real drivers"
+        )
+    assert run_play(clean_lab, tmp_path, host, "service_role", label="up").ok
+    sh(clean_lab, host, f"systemctl stop {UNIT}")
+    sh(
+        clean_lab,
+        host,
+        textwrap.dedent("""\
+        setsid bash -c 'exec -a sglang::scheduler_TP1 simgpu-claim --hold --stuck --gpu 1 --mib 30000' \\
+          </dev/null >/dev/null 2>&1 &
+        """),
+    )
+    run = run_play(clean_lab, tmp_path, host, "service_restart", label="restart")
+    assert not run.ok
+    assert f"{UNIT} restart chain failed at reap: GPU 1 needs a reset or a reboot" in run.output
+    state = unit_show(clean_lab, host, UNIT)
+    assert state["ActiveState"] in ("inactive", "failed") and state["MainPID"] == "0"

@@ -1,0 +1,100 @@
+"""sglang_info: an interpreter that can run SGLang passes; each missing requirement is named."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+
+import pytest
+
+# The installed-sglang stand-ins live with the module_utils tests.
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "module_utils"))
+
+from sglang_fixture import SYNTHETIC_FILES, FakeVenv, run_command
+
+from ansible_collections.llmops.inference.plugins.modules.sglang_info import inspect_install
+
+RUNNING = "{}.{}".format(*sys.version_info[:2])
+
+
+@pytest.fixture(scope="module")
+def venv_dir(tmp_path_factory):
+    return FakeVenv(tmp_path_factory.mktemp("venv"))
+
+
+@pytest.fixture
+def installed(venv_dir):
+    venv_dir.clear()
+    venv_dir.install(SYNTHETIC_FILES, version="0.5.23")
+    script = venv_dir.root / "bin" / "sglang"
+    script.unlink(missing_ok=True)
+    return venv_dir
+
+
+def params(python, **overrides) -> dict:
+    return {
+        "python": python,
+        "version": "",
+        "min_python": RUNNING,
+        "require_script": False,
+        "label": "sglang_service_python",
+        **overrides,
+    }
+
+
+def test_an_interpreter_with_sglang_passes(installed):
+    facts, problem = inspect_install(params(installed.python, version="0.5.23"), run_command)
+    assert problem is None
+    assert facts["version"] == "0.5.23" and facts["python_version"].startswith(RUNNING)
+    assert facts["package_dir"] == str(installed.site / "sglang")
+    assert facts["script"] is None
+
+
+def test_missing_sglang_names_the_variable(venv_dir):
+    venv_dir.clear()
+    _facts, problem = inspect_install(params(venv_dir.python), run_command)
+    assert problem.startswith(f"sglang_service_python {venv_dir.python} cannot run SGLang: ")
+    assert "cannot import 'sglang'" in problem
+
+
+def test_a_missing_interpreter_is_named():
+    _facts, problem = inspect_install(params("/opt/none/bin/python"), run_command)
+    assert problem.startswith(
+        "sglang_service_python /opt/none/bin/python cannot run SGLang: python /opt/none/bin/python is not an "
+        "executable file"
+    )
+
+
+def test_an_old_python_is_refused(installed):
+    _facts, problem = inspect_install(params(installed.python, min_python="3.99"), run_command)
+    assert f"is Python {sys.version_info[0]}.{sys.version_info[1]}" in problem
+    assert "sglang needs Python >= 3.99" in problem
+
+
+def test_another_sglang_version_is_refused(installed):
+    _facts, problem = inspect_install(params(installed.python, version="0.5.22"), run_command)
+    assert problem == (f"sglang_service_python {installed.python} has sglang 0.5.23, but version 0.5.22 is required")
+
+
+def test_the_console_script_is_required_only_when_asked(installed):
+    _facts, problem = inspect_install(params(installed.python, require_script=True), run_command)
+    assert "no executable" in problem and problem.endswith("reinstall sglang in that environment with pip")
+    script = installed.root / "bin" / "sglang"
+    script.write_text("#!/bin/sh\n")
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    facts, problem = inspect_install(params(installed.python, require_script=True), run_command)
+    assert problem is None and facts["script"] == str(script)
+
+
+def test_the_module_fails_with_the_problem(installed, capsys, monkeypatch, target_side_ansible):
+    from ansible.module_utils.testing import patch_module_args
+
+    from ansible_collections.llmops.inference.plugins.modules import sglang_info
+
+    with patch_module_args(params(installed.python, version="9.9")), pytest.raises(SystemExit):
+        sglang_info.main()
+    result = json.loads(capsys.readouterr().out)
+    assert result["failed"] is True and "but version 9.9 is required" in result["msg"]
+    assert result["version"] == "0.5.23"

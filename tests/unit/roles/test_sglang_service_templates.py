@@ -1,0 +1,246 @@
+"""The sglang_service role's templates, rendered the way its preflight renders them (the template lookup, with the
+role's defaults and vars): each field's escaping, and a line break in any value failing with the variable's name."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[3]
+ROLE = REPO / "roles" / "sglang_service"
+
+BASE = {
+    "sglang_service_name": "sglang-t",
+    "sglang_service_model_path": "Qwen/Qwen3-8B",
+    "sglang_service_python": "/opt/sglang/venv/bin/python",
+    "sglang_service_tp_size": 2,
+}
+NEWLINE = "x\nExecStartPre=/bin/touch /tmp/pwned"
+
+# Renders in an interpreter of its own: Ansible finds the collection's filters only through its collection finder,
+# which must be installed before anything imports ansible_collections (the other unit tests import it plainly).
+RENDERER = """
+import json, sys
+from ansible.utils.collection_loader._collection_finder import _AnsibleCollectionFinder
+_AnsibleCollectionFinder(paths=[sys.argv[1]])._install()
+from ansible.parsing.dataloader import DataLoader
+from ansible.template import Templar, trust_as_template
+
+def trusted(value):
+    if isinstance(value, str):
+        return trust_as_template(value)
+    if isinstance(value, dict):
+        return {key: trusted(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [trusted(item) for item in value]
+    return value
+
+for request in sys.stdin:
+    template, variables = json.loads(request)
+    expression = "{{ lookup('ansible.builtin.template', '" + template + "') }}"
+    try:
+        templar = Templar(loader=DataLoader(), variables=trusted(variables))
+        answer = {"text": templar.template(trust_as_template(expression))}
+    except Exception as exc:
+        answer = {"error": str(exc)}
+    print(json.dumps(answer), flush=True)
+"""
+
+
+class RenderError(Exception):
+    pass
+
+
+@pytest.fixture(scope="module")
+def renderer():
+    proc = subprocess.Popen(
+        [sys.executable, "-c", RENDERER, str(REPO / "build" / "collections")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    yield proc
+    proc.stdin.close()
+    proc.wait(timeout=30)
+
+
+@pytest.fixture
+def render(renderer):
+    def _render(template: str, **overrides) -> str:
+        variables = {
+            **yaml.safe_load((ROLE / "defaults" / "main.yml").read_text()),
+            **yaml.safe_load((ROLE / "vars" / "main.yml").read_text()),
+            "role_path": str(ROLE),
+            "ansible_search_path": [str(ROLE)],
+            "ansible_managed": "Ansible managed",
+            **BASE,
+            **overrides,
+        }
+        renderer.stdin.write(json.dumps([template, variables]) + "\n")
+        renderer.stdin.flush()
+        answer = json.loads(renderer.stdout.readline())
+        if "error" in answer:
+            raise RenderError(answer["error"])
+        return answer["text"]
+
+    return _render
+
+
+def line(text: str, prefix: str) -> str:
+    return next(entry for entry in text.splitlines() if entry.startswith(prefix))
+
+
+def systemd_words(command: str) -> list:
+    """Split an Exec line back into words and undo the %% and $$ escapes (close enough for these values)."""
+    return [word.replace("%%", "%").replace("$$", "$") for word in shlex.split(command)]
+
+
+# -- the unit ----------------------------------------------------------------------------------------------
+
+
+def test_default_unit_launches_sglang_serve_places_the_engine_and_drains_on_stop(render):
+    unit = render("sglang.service.j2")
+    exec_start = line(unit, "ExecStart=")
+    assert exec_start.startswith(
+        "ExecStart=/opt/sglang/venv/bin/sglang serve --model-type llm --model-path Qwen/Qwen3-8B --tp-size 2 "
+    )
+    assert "--enable-metrics" in exec_start and "--config" not in exec_start and "--api-key" not in exec_start
+    assert line(unit, 'Environment="PATH') == (
+        'Environment="PATH=/opt/sglang/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"'
+    )
+    assert 'Environment="CUDA_DEVICE_ORDER=PCI_BUS_ID" "CUDA_VISIBLE_DEVICES=0,1"' in unit
+    assert line(unit, "ExecStop=") == (
+        "ExecStop=/opt/sglang/venv/bin/python /usr/local/libexec/llmops/llmops_gate.py drain "
+        "--url http://127.0.0.1:30000 --timeout 120 --pid ${MAINPID}"
+    )
+    assert "gpu-free --gpus 0,1 --threshold-mib 1024 --wait 30 --unit sglang-t.service" in unit
+    assert "ready --url http://127.0.0.1:30000/health --timeout 1200" in unit
+    for setting in ("KillMode=control-group", "TimeoutStopSec=150", "Restart=on-failure", "StartLimitBurst=3"):
+        assert setting in unit.splitlines()
+
+
+def test_a_launch_module_is_run_with_the_python(render):
+    unit = render("sglang.service.j2", sglang_service_launch_module="sglang_sim.launch_server")
+    assert line(unit, "ExecStart=").startswith(
+        "ExecStart=/opt/sglang/venv/bin/python -m sglang_sim.launch_server --model-path Qwen/Qwen3-8B"
+    )
+
+
+def test_gpus_by_uuid_and_mig_reach_cuda_visible_devices_and_the_gate(render):
+    gpus = ["GPU-3b1c0f1e-0000-4000-8000-000000000000", "MIG-5c3d7e2a-0000-4000-8000-000000000001"]
+    unit = render("sglang.service.j2", sglang_service_gpus=gpus)
+    assert f'"CUDA_VISIBLE_DEVICES={",".join(gpus)}"' in unit
+    assert f"gpu-free --gpus {','.join(gpus)} " in unit
+
+
+def test_the_api_key_goes_to_the_config_file_never_to_the_unit(render):
+    key = 's3cret: "key" $1 %n'
+    unit = render("sglang.service.j2", sglang_service_api_key=key)
+    assert "--config /etc/llmops/sglang-t.yaml" in line(unit, "ExecStart=")
+    assert "s3cret" not in unit
+    config = render("sglang.yaml.j2", sglang_service_api_key=key)
+    assert yaml.safe_load(config) == {"api-key": key}
+
+
+def test_description_and_working_directory_escape_specifiers(render):
+    unit = render(
+        "sglang.service.j2",
+        sglang_service_description="100% up, $HOME stays",
+        sglang_service_working_directory="/srv/my models/%h",
+    )
+    assert "Description=100%% up, $HOME stays" in unit.splitlines()
+    assert "WorkingDirectory=/srv/my models/%%h" in unit.splitlines()
+
+
+def test_exec_start_arguments_reach_the_process_intact(render):
+    tricky = "a b%c$d\"e'f\\g"
+    unit = render(
+        "sglang.service.j2",
+        sglang_service_served_model_name=tricky,
+        sglang_service_extra_args=["--sim-load-time", 1, "--chat-template", "x y"],
+    )
+    words = systemd_words(line(unit, "ExecStart=")[len("ExecStart=") :])
+    assert words[words.index("--served-model-name") + 1] == tricky
+    assert words[-4:] == ["--sim-load-time", "1", "--chat-template", "x y"]
+
+
+def test_a_python_path_with_a_percent_is_escaped_on_the_path_line(render):
+    unit = render("sglang.service.j2", sglang_service_python="/opt/a%b/bin/python")
+    assert line(unit, 'Environment="PATH').startswith('Environment="PATH=/opt/a%%b/bin:')
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "named"),
+    [
+        ("sglang_service_description", NEWLINE, "sglang_service_description"),
+        ("sglang_service_description", "tab\there", "sglang_service_description"),
+        ("sglang_service_description", "line\u2028separator", "sglang_service_description"),
+        ("sglang_service_working_directory", "/srv\nExecStartPre=/bin/true", "sglang_service_working_directory"),
+        ("sglang_service_user", NEWLINE, "sglang_service_user"),
+        ("sglang_service_group", NEWLINE, "sglang_service_group"),
+        ("sglang_service_model_path", NEWLINE, "sglang_service_model_path"),
+        ("sglang_service_served_model_name", NEWLINE, "sglang_service_served_model_name"),
+        ("sglang_service_host", NEWLINE, "sglang_service_host"),
+        ("sglang_service_speculative_draft_model_path", NEWLINE, "sglang_service_speculative_draft_model_path"),
+        ("sglang_service_extra_args", ["--ok", NEWLINE], "sglang_service_extra_args[1]"),
+        ("sglang_service_gpus", ["0", "1\n"], "sglang_service_gpus[1]"),
+        ("sglang_service_python", "/opt/x\n/python", "sglang_service_python"),
+        ("sglang_service_launch_module", "m\nx", "sglang_service_launch_module"),
+        ("sglang_service_probe_url", "http://h:1\n", "sglang_service_probe_url"),
+        ("sglang_service_config_dir", "/etc/x\n", "sglang_service_config_dir"),
+        ("sglang_service_libexec_dir", "/usr/x\n", "sglang_service_libexec_dir"),
+        ("sglang_service_unit_dir", "/etc/x\n", "sglang_service_unit_dir"),
+        ("sglang_service_name", "sglang\nx", "sglang_service_name"),
+    ],
+)
+def test_a_control_character_in_any_unit_field_fails_naming_its_variable(render, variable, value, named):
+    with pytest.raises(RenderError) as refused:
+        render("sglang.service.j2", **{variable: value})
+    assert re.search(rf"failed: {re.escape(named)}(\[\d+\])?: ", str(refused.value)), str(refused.value)
+    assert "is not allowed in a unit, drop-in or environment file" in str(refused.value)
+    assert "pwned" not in str(refused.value)
+
+
+# -- the drop-in, the environment file, the config file ----------------------------------------------------------
+
+
+def test_dropin_sets_exec_start_again_with_the_point(render):
+    point = {"algorithm": "EAGLE", "num_steps": 3, "eagle_topk": 1, "num_draft_tokens": 4, "draft_model_path": ""}
+    text = render("speculative.conf.j2", __sglang_service_speculative_active=point)
+    assert "ExecStart=\nExecStart=/opt/sglang/venv/bin/sglang serve" in text
+    assert "--speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 1" in text
+
+
+def test_dropin_point_with_a_line_break_fails_naming_the_point(render):
+    point = {"algorithm": "EAGLE", "num_steps": 3, "draft_model_path": NEWLINE}
+    with pytest.raises(RenderError, match=r"sglang_service_speculative_point\.draft_model_path: a line break"):
+        render("speculative.conf.j2", __sglang_service_speculative_active=point)
+
+
+def test_environment_file_quotes_values_and_names_a_bad_one(render):
+    text = render("sglang.env.j2", sglang_service_environment={"HF_HOME": "/data/hf cache", "N": 3})
+    assert 'HF_HOME="/data/hf cache"' in text.splitlines() and 'N="3"' in text.splitlines()
+    with pytest.raises(RenderError, match=r"sglang_service_environment\.HF_TOKEN: a line break"):
+        render("sglang.env.j2", sglang_service_environment={"HF_TOKEN": "abc\nX=1"})
+    with pytest.raises(RenderError, match=r"failed: sglang_service_environment: a line break"):
+        render("sglang.env.j2", sglang_service_environment={"A\nB": "1"})
+
+
+def test_config_file_refuses_a_key_with_a_line_break_without_showing_it(render):
+    with pytest.raises(RenderError) as refused:
+        render("sglang.yaml.j2", sglang_service_api_key="top\nsecret")
+    assert "sglang_service_api_key: a line break (\\n) at character 4" in str(refused.value)
+    assert "secret" not in str(refused.value).replace("secrets", "")
+
+
+def test_every_template_starts_with_ansible_managed(render):
+    for template in sorted(os.listdir(ROLE / "templates")):
+        assert (ROLE / "templates" / template).read_text().startswith("{{ ansible_managed | comment }}"), template
