@@ -117,7 +117,7 @@ options:
     description:
       - With O(state=restored), the backup to return to the state before, or V(latest) (the newest backup of this
         installation). An unknown id is refused with the list of available ids.
-      - Mutually exclusive with O(target_state_id). Defaults to V(latest) when neither is given.
+      - Mutually exclusive with O(target_state_id) and O(known_good_snapshot). Defaults to V(latest) when none is given.
     type: str
   target_state_id:
     description:
