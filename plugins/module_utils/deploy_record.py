@@ -89,16 +89,26 @@ class DeployRecordStore:
 
 
 def snapshot_summary(manifest: dict | None) -> dict | None:
-    """What the playbooks use of a known-good manifest: when, which patch state, whether it holds its sources."""
+    """What the playbooks use of a known-good manifest: when, which patch state, whether it holds its sources,
+    and whether the files those sources changed still have the content it recorded (``sources_in_place``; None
+    when it recorded none). Checking only those few files is cheap and catches sources reinstalled from the wheel
+    behind the collection's back; a full comparison is source_patch's."""
     if manifest is None:
         return None
     sources = manifest.get("sources") or {}
+    in_place = None
+    if sources:
+        in_place = all(
+            sha256_file(os.path.join(sources["base_dir"], rel)) == entry["sha256"]
+            for rel, entry in sources["files"].items()
+        )
     return {
         "saved_at": manifest.get("saved_at"),
         "verified_at": manifest.get("verified_at"),
         "patch_state_id": manifest.get("patch_state_id"),
         "sources_recorded": bool(sources),
         "sources_digest": sources.get("digest"),
+        "sources_in_place": in_place,
         "files": {key: entry.get("sha256") for key, entry in (manifest.get("files") or {}).items()},
     }
 
@@ -116,14 +126,16 @@ def read_state(record: DeployRecordStore, unit_path: str, env_path: str, known_g
 
 
 def verdicts(state: dict, snapshot: str, fingerprint: str | None, serving: bool) -> dict:
-    """Whether the sources are as the last deploy left them (at ``snapshot``'s patch state), and whether the
-    host is up to date: serving, with inputs (``fingerprint``), files, snapshot and sources as recorded."""
+    """Whether the sources are as the last deploy left them (no backup made or undone since, at ``snapshot``'s
+    patch state, the files it changed in place), and whether the host is up to date: serving, with inputs
+    (``fingerprint``), files, snapshot and sources as recorded."""
     record = state["record"] or {}
     target = state["known_good"].get(snapshot) or {}
     sources_as_deployed = bool(record) and (
         record.get("backups_digest") == state["backups_digest"]
         and record.get("known_good_saved_at") == target.get("saved_at")
         and record.get("patch_state") == target.get("patch_state_id")
+        and target.get("sources_in_place") is not False
     )
     up_to_date = (
         bool(serving)

@@ -439,31 +439,32 @@ class KnownGoodStore:
 
 
 INFO, RESTORED, SAVED = "info", "restored", "saved"
-# Files whose content a diff may show; the environment file can hold the API key.
-DIFF_SHOWN = ("unit", DROPINS)
+HIDDEN = "(not shown: the environment file can hold the API key)\n"
 
 
-def _diff(restore: dict, before: dict, store_dir: str) -> dict:
-    """Before/after text of each unit file and drop-in the restore changes; the environment file by name only."""
-    shown, hidden = [], []
-    for key, entry in sorted(restore["manifest"]["files"].items()):
-        path = entry["path"]
-        if path not in restore["restored"]:
-            continue
-        if key == "unit" or key.startswith(DROPINS):
-            after = read_bytes(os.path.join(store_dir, FILES_DIR, key)) or b""
-            shown.append({"before_header": path, "after_header": path, "before": before.get(path, ""), "after": after})
+def _text(path: str) -> str:
+    return (read_bytes(path) or b"").decode("utf-8", "replace")
+
+
+def restore_with_diff(store: KnownGoodStore, which: str, dropin_dir: str, check_mode: bool) -> dict:
+    """``store.restore`` with a ``diff`` list: the unit file and drop-ins before and after; the environment file
+    by name only."""
+    files = store.manifest(which)["files"]
+    shown = {entry["path"]: key for key, entry in files.items() if key == "unit" or key.startswith(DROPINS)}
+    present = [os.path.join(dropin_dir, name) for name in os.listdir(dropin_dir)] if os.path.isdir(dropin_dir) else []
+    before = {path: _text(path) for path in [*shown, *present]}
+    answer = store.restore(which, dropin_dir, check_mode)
+    diff = []
+    for path in answer["restored"]:
+        if path in shown:
+            after = _text(os.path.join(store._dir(which), FILES_DIR, shown[path]))
+            diff.append({"before_header": path, "after_header": path, "before": before[path], "after": after})
         else:
-            hidden.append(path)
-    for path in restore["removed"]:
-        shown.append({"before_header": path, "after_header": "(removed)", "before": before.get(path, ""), "after": ""})
-    if hidden:
-        note = "content not shown: it may hold secrets"
-        shown.append({"before_header": ", ".join(hidden), "after_header": note, "before": "", "after": ""})
-    return [
-        {key: (value.decode("utf-8", "replace") if isinstance(value, bytes) else value) for key, value in item.items()}
-        for item in shown
-    ]
+            diff.append({"before_header": path, "after_header": path, "before": HIDDEN, "after": "(restored)\n"})
+    for path in answer["removed"]:
+        diff.append({"before_header": path, "after_header": f"{path} (removed)", "before": before[path], "after": ""})
+    answer["diff"] = diff
+    return answer
 
 
 def handle(params: dict, run_command, check_mode: bool) -> dict:
@@ -473,36 +474,23 @@ def handle(params: dict, run_command, check_mode: bool) -> dict:
         snapshots = store.info()
         found = [which for which in SNAPSHOTS if snapshots[which]]
         return dict(snapshots, changed=False, msg=f"snapshots under {store.root}: {', '.join(found) or 'none'}")
+    python = params.get("python")
     if params["state"] == SAVED:
         if not params["files"]:
             raise SnapshotError("files must name the files to record, at least {unit: PATH}")
-        python = params.get("python")
-        answer = store.save(
-            params["files"], params["dropin_dir"], params["meta"], check_mode, {"python": python} if python else None
-        )
-        return answer
+        sources = {"python": python} if python else None
+        return store.save(params["files"], params["dropin_dir"], params["meta"], check_mode, sources)
     which = params["snapshot"]
-    manifest = store.manifest(which)
-    before = {
-        entry["path"]: (read_bytes(entry["path"]) or b"").decode("utf-8", "replace")
-        for entry in manifest["files"].values()
-    }
-    if os.path.isdir(params["dropin_dir"]):
-        for name in os.listdir(params["dropin_dir"]):
-            path = os.path.join(params["dropin_dir"], name)
-            before.setdefault(path, (read_bytes(path) or b"").decode("utf-8", "replace"))
-    answer = store.restore(which, params["dropin_dir"], check_mode)
-    sources = manifest.get("sources") or {}
+    answer = restore_with_diff(store, which, params["dropin_dir"], check_mode)
+    sources = answer["manifest"].get("sources") or {}
     answer["sources"] = {
         "recorded": bool(sources),
-        "patch_state_id": manifest.get("patch_state_id"),
+        "patch_state_id": answer["manifest"].get("patch_state_id"),
         "state_id": sources.get("state_id"),
         "files": sorted(sources.get("files") or {}),
         "python": sources.get("python"),
         "source_patch": {"state": "restored", "known_good_root": store.root, "known_good_snapshot": which},
     }
-    if params.get("python") and sources:
-        install = store.locate(params["python"])
-        answer["sources"].update(store.sources_status(which, install))
-    answer["diff"] = _diff(answer, before, store._dir(which))
+    if python and sources:
+        answer["sources"].update(store.sources_status(which, store.locate(python)))
     return answer

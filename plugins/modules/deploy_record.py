@@ -154,7 +154,8 @@ env_sha256:
 known_good:
   description:
     - The C(current) and C(previous) snapshots (null when absent), each with C(saved_at), C(verified_at),
-      C(patch_state_id), C(sources_recorded), C(sources_digest) and C(files) (name to sha256).
+      C(patch_state_id), C(sources_recorded), C(sources_digest), C(sources_in_place) (whether the files its sources
+      changed still have the recorded content; null when it recorded none) and C(files) (name to sha256).
   returned: always
   type: dict
 record:
@@ -167,7 +168,8 @@ backups_digest:
   returned: always
   type: str
 sources_as_deployed:
-  description: No backup was made or undone since the record, and the record names O(snapshot) and its patch state.
+  description: No backup was made or undone since the record, the record names O(snapshot) and its patch state, and
+    the files the snapshot's sources changed still have the content it recorded.
   returned: with O(state=read)
   type: bool
 up_to_date:

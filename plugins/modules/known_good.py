@@ -64,8 +64,8 @@ options:
     type: path
   files:
     description:
-      - With O(state=saved), the files to record by name, such as C({unit: /etc/systemd/system/sglang.service,
-        environment: /etc/llmops/sglang.env}); the C(*.conf) drop-ins of O(dropin_dir) are added.
+      - With O(state=saved), the files to record by name, such as C(unit) the unit file and C(environment) its
+        environment file; the C(*.conf) drop-ins of O(dropin_dir) are added.
     type: dict
     default: {}
   meta:

@@ -25,7 +25,7 @@ description:
     backup is refused with nothing changed. Files the patch set created are removed, bytecode is purged, and
     every restored file is checked again afterwards.
   - O(state=restored) with O(known_good_snapshot) makes the sources what that known-good snapshot recorded
-    (C(llmops.inference.known_good)): each file the snapshot holds gets its stored content, and every other file
+    (C(llmops.inference.known_good)) - each file the snapshot holds gets its stored content, and every other file
     its content in the wheel, from any state the sources are in (another patch state, partly patched, or
     reinstalled from the wheel). Every content needed is found and checked against its sha256 first (the
     snapshot's objects, else the originals in the backups); when one is missing or damaged the module fails

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 
@@ -142,7 +143,7 @@ def test_the_state_holds_checksums_summaries_and_the_backups_digest(host, tmp_pa
 
 
 def summary(saved_at, sources=True, patch_state="abc"):
-    return {"saved_at": saved_at, "patch_state_id": patch_state, "sources_recorded": sources}
+    return {"saved_at": saved_at, "patch_state_id": patch_state, "sources_recorded": sources, "sources_in_place": True}
 
 
 BEFORE = {"known_good": {"current": summary("t1")}, "patch_state": "abc", "sources_cannot_return": None}
@@ -234,3 +235,26 @@ def test_the_record_file_is_plain_json(host):
     written(host)
     with open(os.path.join(host["root"], "sglang.json")) as handle_:
         assert json.load(handle_)["patch_state"] == "pristine"
+
+
+def test_sources_reinstalled_behind_the_records_back_are_not_as_deployed(host, tmp_path):
+    site = tmp_path / "site"
+    (site / "sglang").mkdir(parents=True)
+    patched = site / "sglang" / "spec_info.py"
+    patched.write_text("PATCHED = True\n")
+    manifest_path = tmp_path / "kg" / "current" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["sources"] = {
+        "base_dir": str(site),
+        "digest": "d",
+        "files": {"sglang/spec_info.py": {"sha256": hashlib.sha256(b"PATCHED = True\n").hexdigest(), "pristine": "p"}},
+    }
+    manifest_path.write_text(json.dumps(manifest))
+    written(host)
+    read = handle(host, check_mode=False)
+    assert read["known_good"]["current"]["sources_in_place"] is True and read["up_to_date"] is True
+
+    patched.write_text("PATCHED = False\n")  # the wheel's file again, as a reinstall leaves it
+    read = handle(host, check_mode=False)
+    assert read["known_good"]["current"]["sources_in_place"] is False
+    assert read["sources_as_deployed"] is False and read["up_to_date"] is False

@@ -337,7 +337,7 @@ def test_the_module_request_hides_the_environment_files_content_from_the_diff(ho
         "known_good_snapshot": "current",
     }
     text = json.dumps(answer["diff"])
-    assert "ExecStart=/bin/false" in text and "sk-live-4f1e" not in text and "may hold secrets" in text
+    assert "ExecStart=/bin/false" in text and "sk-live-4f1e" not in text and "can hold the API key" in text
     assert open(files["environment"]).read() == "SGLANG_API_KEY=sk-live-4f1e\n"
 
     info = known_good.handle({**params, "state": "info"}, run_command, check_mode=False)
