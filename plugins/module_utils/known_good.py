@@ -146,8 +146,14 @@ class KnownGoodStore:
     # ----- reading -----
 
     def read(self, which: str) -> dict | None:
-        data = read_bytes(os.path.join(self._dir(which), MANIFEST))
-        return None if data is None else json.loads(data)
+        path = os.path.join(self._dir(which), MANIFEST)
+        data = read_bytes(path)
+        if data is None:
+            return None
+        try:
+            return json.loads(data)
+        except ValueError as exc:
+            raise SnapshotError(f"the {which} known-good manifest {path} is unreadable: {exc}") from exc
 
     def info(self) -> dict:
         return {which: self.read(which) for which in SNAPSHOTS}

@@ -342,3 +342,12 @@ def test_the_module_request_hides_the_environment_files_content_from_the_diff(ho
 
     info = known_good.handle({**params, "state": "info"}, run_command, check_mode=False)
     assert info["current"]["files"]["unit"]["path"] == files["unit"] and info["previous"] is None
+
+
+def test_an_unreadable_manifest_is_named(tmp_path, unit):
+    files, dropins = unit
+    store = KnownGoodStore(str(tmp_path / "kg"))
+    store.save(files, dropins, {})
+    (tmp_path / "kg" / "current" / "manifest.json").write_text("{half")
+    with pytest.raises(SnapshotError, match=r"the current known-good manifest .*manifest.json is unreadable"):
+        store.info()
