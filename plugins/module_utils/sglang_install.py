@@ -17,9 +17,10 @@ import csv
 import io
 import json
 import os
+import subprocess
 from dataclasses import dataclass
 
-from ansible_collections.llmops.inference.plugins.module_utils.atomic_file import file_digest
+from ansible_collections.llmops.inference.plugins.module_utils.atomic_file import file_digest, is_temp_leftover
 from ansible_collections.llmops.inference.plugins.module_utils.source_tree import BYTECODE_DIR
 
 PACKAGE = "sglang"
@@ -70,6 +71,15 @@ for path in json.load(sys.stdin):
         errors[path] = str(exc.msg).strip()
 print(json.dumps(errors))
 """
+
+
+def subprocess_runner(args, data=None):
+    """``run_command`` for callers outside a module: the command's (rc, stdout, stderr), run from /."""
+    try:
+        proc = subprocess.run(args, input=data, capture_output=True, text=True, cwd="/", check=False)
+    except OSError as exc:
+        return 127, "", str(exc)
+    return proc.returncode, proc.stdout, proc.stderr
 
 
 class InstallError(Exception):
@@ -204,3 +214,72 @@ def verify_record(install: SglangInstall) -> dict:
         "unrecorded": unrecorded,
         "pristine": not (modified or missing or unrecorded),
     }
+
+
+def record_sha256(value: str) -> str:
+    """The hex sha256 of a RECORD digest (urlsafe base64 without padding)."""
+    return base64.urlsafe_b64decode(value + "=" * (-len(value) % 4)).hex()
+
+
+def _stat_key(path: str) -> list | None:
+    try:
+        found = os.stat(path)
+    except FileNotFoundError:
+        return None
+    # ctime and the inode change with every write and every reinstall, and cannot be set back by hand.
+    return [found.st_size, found.st_mtime_ns, found.st_ctime_ns, found.st_ino]
+
+
+def _cached_sha256(path: str, rel: str, cache: dict) -> str | None:
+    key = _stat_key(path)
+    if key is None:
+        cache.pop(rel, None)
+        return None
+    known = cache.get(rel)
+    if known is not None and known[:4] == key:
+        return known[4]
+    digest = file_digest(path)
+    if digest is None:
+        return None
+    cache[rel] = [*key, digest.hexdigest()]
+    return cache[rel][4]
+
+
+def source_differences(install: SglangInstall, cache: dict | None = None) -> dict:
+    """Every file of the package that is not as the wheel's RECORD has it, by content.
+
+    Returns {path relative to the install base: {"sha256": hex of the file now or None (missing),
+    "pristine": hex RECORD gives or None (not in RECORD)}}; bytecode caches are left out. ``cache``
+    ({path: [size, mtime_ns, ctime_ns, inode, sha256]}) spares hashing a file whose stat is unchanged; it is
+    updated in place for the caller to keep.
+    """
+    cache = {} if cache is None else cache
+    prefix = PACKAGE + "/"
+    recorded = set()
+    found = {}
+    for rel, algorithm, expected in read_record(install):
+        rel = os.path.normpath(rel)
+        recorded.add(rel)
+        if not expected or not rel.startswith(prefix):
+            continue
+        if algorithm != "sha256":
+            raise InstallError(
+                f"{install.record} gives {rel} a {algorithm} digest; only sha256 RECORDs (every wheel installer "
+                "writes them) can be compared"
+            )
+        pristine = record_sha256(expected)
+        actual = _cached_sha256(os.path.join(install.base_dir, rel), rel, cache)
+        if actual != pristine:
+            found[rel] = {"sha256": actual, "pristine": pristine}
+    for directory, dirs, files in os.walk(os.path.join(install.base_dir, PACKAGE)):
+        dirs[:] = sorted(d for d in dirs if d != BYTECODE_DIR)
+        for name in sorted(files):
+            rel = os.path.relpath(os.path.join(directory, name), install.base_dir)
+            if rel in recorded or is_temp_leftover(name):
+                continue
+            actual = _cached_sha256(os.path.join(directory, name), rel, cache)
+            if actual is not None:
+                found[rel] = {"sha256": actual, "pristine": None}
+    for rel in [rel for rel in cache if rel not in recorded and rel not in found]:
+        del cache[rel]
+    return found

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import re
@@ -32,6 +33,8 @@ from ansible_collections.llmops.inference.plugins.module_utils.atomic_file impor
 )
 
 FORMAT = 1
+# Where the sglang_patch role and the source_patch module keep the backups unless told otherwise.
+DEFAULT_ROOT = "/var/lib/llmops/sglang-backups"
 MANIFEST = "manifest.json"
 FILES = "files"
 LOCK = ".lock"
@@ -71,6 +74,26 @@ def state_id(sglang_version: str, patch_sets: list) -> str:
         return PRISTINE
     payload = json.dumps({"sglang": sglang_version, "patch_sets": [s["checksum"] for s in patch_sets]}, sort_keys=True)
     return sha256_bytes(payload.encode())[:16]
+
+
+def belongs_to(manifest: Manifest, package_dir: str, sglang_version: str) -> bool:
+    """Whether a backup was taken of this installation (same package directory and sglang version)."""
+    same_dir = os.path.realpath(manifest.package_dir) == os.path.realpath(package_dir)
+    return same_dir and manifest.sglang_version == sglang_version
+
+
+def applied_stack(manifests: list, package_dir: str, sglang_version: str) -> list:
+    """The applied backups of one installation, oldest first: the top one's state_id_after is its patch state."""
+    return [m for m in manifests if m.state == APPLIED and belongs_to(m, package_dir, sglang_version)]
+
+
+def expected_files(stack: list) -> dict:
+    """{path: sha256 or None} that the applied backups say the files have now (the newest record wins)."""
+    expected = {}
+    for manifest in stack:
+        for record in manifest.files:
+            expected[record.path] = record.sha256_after
+    return expected
 
 
 def utc_now(clock=time.time) -> str:
@@ -278,6 +301,28 @@ class BackupStore:
                 f"{sha256_bytes(data)}, the manifest says {record.sha256_before}"
             )
         return data
+
+    def find_original(self, sha256: str) -> bytes | None:
+        """Any backed-up original whose content has this sha256 (checked), or None when no backup holds one."""
+        for manifest in reversed(self.manifests()):
+            for record in manifest.files:
+                if record.existed_before and record.sha256_before == sha256:
+                    data = read_bytes(os.path.join(self.root, manifest.backup_id, FILES, record.path))
+                    if data is not None and sha256_bytes(data) == sha256:
+                        return data
+        return None
+
+    def digest(self) -> str:
+        """A digest of every backup's manifest: any apply, restore or interrupted run since changes it."""
+        digest = hashlib.sha256()
+        try:
+            names = sorted(entry.name for entry in os.scandir(self.root) if entry.is_dir())
+        except FileNotFoundError:
+            names = []
+        for name in names:
+            data = read_bytes(os.path.join(self.root, name, MANIFEST))
+            digest.update(json.dumps([name, None if data is None else sha256_bytes(data)]).encode())
+        return digest.hexdigest()
 
     def problems(self, manifest: Manifest) -> list:
         """Every reason the originals of ``manifest`` cannot be restored (empty when they can)."""

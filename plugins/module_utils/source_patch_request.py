@@ -12,6 +12,7 @@ import contextlib
 import os
 
 from ansible_collections.llmops.inference.plugins.module_utils.atomic_file import read_bytes
+from ansible_collections.llmops.inference.plugins.module_utils.known_good import KnownGoodStore, SnapshotError
 from ansible_collections.llmops.inference.plugins.module_utils.patchset import PatchError
 from ansible_collections.llmops.inference.plugins.module_utils.sglang_install import InstallError, TargetPython
 from ansible_collections.llmops.inference.plugins.module_utils.source_backup import BackupError, BackupStore
@@ -19,12 +20,14 @@ from ansible_collections.llmops.inference.plugins.module_utils.source_patcher im
     PatchSetInput,
     SourcePatcher,
     SourcePatchError,
+    SourceTarget,
 )
 from ansible_collections.llmops.inference.plugins.module_utils.source_tree import PathSafetyError, SourceTree
 
 APPLIED, RESTORED, VERIFIED = "applied", "restored", "verified"
 # Every error a request can end with; each message names the input at fault.
-REQUEST_ERRORS = (PatchError, PathSafetyError, BackupError, InstallError, SourcePatchError, ValueError)
+REQUEST_ERRORS = (PatchError, PathSafetyError, BackupError, InstallError, SourcePatchError, SnapshotError, ValueError)
+UNKNOWN_STATE = "unknown"
 
 
 def _read_input(path: str, what: str) -> bytes:
@@ -46,6 +49,36 @@ def read_patch_set(name: str, patches: list, replacements: list) -> PatchSetInpu
     return PatchSetInput(name, diffs, files)
 
 
+def restore_known_good(patcher: SourcePatcher, store: KnownGoodStore, which: str, check_mode: bool) -> dict:
+    """Return the sources to what known-good snapshot ``which`` recorded: its file set when it has one (every
+    object checked first), else its patch state through the backups."""
+    manifest = store.manifest(which)
+    label = f"the {which} known-good snapshot (saved {manifest.get('saved_at')})"
+    sources = manifest.get("sources")
+    if not sources:
+        state = manifest.get("patch_state_id") or UNKNOWN_STATE
+        if state == UNKNOWN_STATE:
+            raise SourcePatchError(
+                f"{label} under {store.root} records neither its SGLang sources nor their patch state; "
+                "nothing was changed"
+            )
+        return patcher.restore(target_state_id=state)
+    problems = store.source_problems(which)
+    if problems:
+        raise SourcePatchError(f"cannot re-create {label}: {'; '.join(problems)}; nothing was changed")
+    target = SourceTarget(
+        label=label,
+        name=f"known-good-{which}",
+        files=sources["files"],
+        state_id=sources.get("state_id") or manifest.get("patch_state_id"),
+        applied_sets=sources.get("applied_sets") or [],
+        sglang_version=sources["sglang_version"],
+        package_dir=sources["package_dir"],
+        content=store.object,
+    )
+    return patcher.reach(target, lambda: store.scan(patcher.install, check_mode))
+
+
 def run(params: dict, run_command, check_mode: bool) -> tuple:
     """Carry out one request; returns (result, diff text, warnings). Raises one of REQUEST_ERRORS."""
     state = params["state"]
@@ -64,6 +97,9 @@ def run(params: dict, run_command, check_mode: bool) -> tuple:
         try:
             if state == APPLIED:
                 result = patcher.apply(patch_set, params["exclusive"], params["compile_check"])
+            elif state == RESTORED and params.get("known_good_snapshot"):
+                store = KnownGoodStore(params["known_good_root"], run_command, params["backup_root"])
+                result = restore_known_good(patcher, store, params["known_good_snapshot"], check_mode)
             elif state == RESTORED:
                 result = patcher.restore(params.get("backup_id"), params.get("target_state_id"))
             else:

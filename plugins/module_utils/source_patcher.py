@@ -8,7 +8,10 @@ Private to the llmops.inference collection; not a public API. Standard library o
 Model: every apply is one transaction recorded as a backup (see source_backup). The backups whose
 state is ``applied`` form a stack; the top one's ``state_id_after`` is the current patch state.
 Restoring to a backup means returning to the state it was taken in (its ``state_id_before``):
-applied backups are undone newest first until that state is reached.
+applied backups are undone newest first until that state is reached. Reaching a recorded source
+state (a known-good snapshot's file set, ``reach``) is a transaction of its own like an apply: the
+files that differ from that state are backed up, then given the recorded content, so undoing it
+returns to where the sources were.
 
 Safety rules:
 - Inputs are parsed and every path is checked before anything changes; every hunk of every file is
@@ -25,7 +28,6 @@ Safety rules:
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass
 
@@ -49,6 +51,9 @@ from ansible_collections.llmops.inference.plugins.module_utils.source_backup imp
     FileRecord,
     Manifest,
     UnknownBackupError,
+    applied_stack,
+    belongs_to,
+    expected_files,
     state_id,
     validate_name,
 )
@@ -93,6 +98,40 @@ class PatchSetInput:
                 {"dest": dest, "source": label, "sha256": sha256_bytes(data)} for dest, label, data in self.replacements
             ],
         }
+
+
+@dataclass
+class SourceTarget:
+    """A recorded source state to re-create: every file that differs from the wheel's RECORD in it.
+
+    ``files``: {path: {"sha256": content or None (absent), "pristine": RECORD's sha256 or None}};
+    ``content(sha256)``: the stored bytes with that sha256, checked, or None.
+    """
+
+    label: str
+    name: str
+    files: dict
+    state_id: str | None
+    applied_sets: list
+    sglang_version: str
+    package_dir: str
+    content: object
+
+    @property
+    def digest(self) -> str:
+        return sha256_bytes(json.dumps(self.files, sort_keys=True).encode())
+
+    def final_state(self) -> tuple:
+        """(patch state id, applied sets) the sources are in once the target is reached."""
+        if not self.files:
+            return PRISTINE, []
+        if self.state_id and self.state_id not in (PRISTINE, MODIFIED_STATE, INTERRUPTED_STATE, "unknown"):
+            return self.state_id, list(self.applied_sets)
+        # Sources no patch set accounts for (edited by hand, say): named by their content.
+        return self.digest[:16], [{"name": self.name, "checksum": self.digest}]
+
+    def describe(self) -> dict:
+        return {"name": self.name, "checksum": self.digest, "target": self.label, "files": len(self.files)}
 
 
 @dataclass
@@ -187,6 +226,77 @@ class SourcePatcher:
             backup_id=undone[-1],
             msg=f"restored {label}: undid {', '.join(undone)}",
         )
+
+    def reach(self, target: SourceTarget, scan) -> dict:
+        """Make the sources exactly ``target``'s file set; every other file as the wheel has it.
+
+        ``scan()`` returns the installed files that differ from RECORD (sglang_install.source_differences).
+        The content of every file to write is found and checked before anything changes; what cannot be
+        found is named and nothing changes. The files that change are backed up first (a backup like an
+        apply's, so restoring it returns to the state before), stale bytecode is purged, the result is checked
+        against the target's checksums and compiled.
+        """
+        if not belongs_to(target, self.install.package_dir, self.install.version):
+            raise SourcePatchError(
+                f"{target.label} records sglang {target.sglang_version} at {target.package_dir}, but "
+                f"{self.install.python} has sglang {self.install.version} at {self.install.package_dir}; install "
+                f"sglang {target.sglang_version} there first; nothing was changed"
+            )
+        self._recover()
+        stack = self._stack()
+        now = scan()
+        expected = expected_files(stack)
+        plan, records, missing = {}, {}, []
+        for rel in sorted(set(now) | set(target.files) | set(expected)):
+            current = self._read(rel)
+            pristine = now[rel]["pristine"] if rel in now else _sha(self.tree.read(rel))
+            want = target.files[rel]["sha256"] if rel in target.files else pristine
+            if _sha(current) == want:
+                if rel in expected and expected[rel] != want:
+                    records[rel] = current  # right content, wrong record: the backup says what it is now
+                continue
+            data = None if want is None else self._content(target, want)
+            if want is not None and data is None:
+                whose = "its content" if rel in target.files else "the wheel's original"
+                missing.append(f"{rel} ({whose}, sha256 {want})")
+                continue
+            plan[rel] = data
+        if missing:
+            raise SourcePatchError(
+                f"cannot re-create {target.label}: no stored copy matches {'; '.join(missing)} (not in the "
+                f"snapshot's objects nor in any backup in {self.store.root}); nothing was changed"
+                f"{self._recovery_note()}"
+            )
+        final_state, final_sets = target.final_state()
+        if not plan and not records:
+            return self._result(bool(self.recovered), msg=f"the sources already are {target.label}")
+        state_before, sets_before = self._recorded_state(stack)
+        if self._drift(stack):
+            state_before = MODIFIED_STATE
+        move = Transition(target, True, state_before, sets_before, final_sets)
+        manifest, originals = self._new_manifest(move, {**records, **plan}, state_after=final_state)
+        self._commit(manifest, originals, plan)
+        wrong = [rel for rel, data in plan.items() if self._read(rel) != data]
+        if wrong:
+            raise SourcePatchError(
+                self._roll_back_failed_apply(manifest, ValueError(f"{', '.join(wrong)} did not take the content"))
+            )
+        if not self.check_mode:
+            removed = [rel for rel, data in plan.items() if data is None]
+            self.tree.remove_empty_dirs(sorted({d for rel in removed for d in _parents(rel)}))
+        return self._result(
+            True,
+            backup_id=manifest.backup_id,
+            compile_errors=self._compile(plan),
+            msg=f"re-created {target.label}: {len(plan)} files changed (backup {manifest.backup_id})",
+        )
+
+    def _content(self, target: SourceTarget, sha256: str) -> bytes | None:
+        """Bytes with this sha256: from the target's store, else any backup's originals."""
+        data = target.content(sha256)
+        if data is None:
+            data = self.store.find_original(sha256)
+        return data
 
     def verify(self) -> dict:
         interrupted = [m.backup_id for m in self._manifests if m.state in INTERRUPTED and self._mine(m)]
@@ -284,7 +394,7 @@ class SourcePatcher:
             )
         return undo
 
-    def _new_manifest(self, move: Transition, changes: dict) -> tuple:
+    def _new_manifest(self, move: Transition, changes: dict, state_after: str | None = None) -> tuple:
         records, originals, created_dirs = [], {}, []
         for rel in sorted(changes):
             before, after = self._read(rel), changes[rel]
@@ -305,7 +415,7 @@ class SourcePatcher:
             patch_set=move.patch_set.describe(),
             exclusive=move.exclusive,
             state_id_before=move.state_before,
-            state_id_after=state_id(self.install.version, move.sets_after),
+            state_id_after=state_after or state_id(self.install.version, move.sets_after),
             applied_sets_before=move.sets_before,
             applied_sets_after=move.sets_after,
             files=records,
@@ -445,11 +555,10 @@ class SourcePatcher:
         return self.tree.read(rel)
 
     def _mine(self, manifest: Manifest) -> bool:
-        same_dir = os.path.realpath(manifest.package_dir) == os.path.realpath(self.install.package_dir)
-        return same_dir and manifest.sglang_version == self.install.version
+        return belongs_to(manifest, self.install.package_dir, self.install.version)
 
     def _stack(self) -> list:
-        return [m for m in self._manifests if m.state == APPLIED and self._mine(m)]
+        return applied_stack(self._manifests, self.install.package_dir, self.install.version)
 
     def _recorded_state(self, stack: list) -> tuple:
         if not stack:
@@ -466,11 +575,7 @@ class SourcePatcher:
 
     def _drift(self, stack: list) -> list:
         """Files whose content is not what the applied backups say it is."""
-        expected = {}
-        for manifest in stack:
-            for record in manifest.files:
-                expected[record.path] = record.sha256_after
-        return sorted(rel for rel, sha in expected.items() if _sha(self._read(rel)) != sha)
+        return sorted(rel for rel, sha in expected_files(stack).items() if _sha(self._read(rel)) != sha)
 
     def _refuse_drift(self, stack: list) -> None:
         drift = self._drift(stack)
@@ -545,3 +650,9 @@ class SourcePatcher:
 
 def _sha(data: bytes | None) -> str | None:
     return None if data is None else sha256_bytes(data)
+
+
+def _parents(rel: str) -> list:
+    """The directories above ``rel`` inside its package, deepest first: sglang/a/b/c.py -> sglang/a/b, sglang/a."""
+    parts = rel.split("/")[:-1]
+    return ["/".join(parts[:depth]) for depth in range(len(parts), 1, -1)]

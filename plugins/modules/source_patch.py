@@ -24,6 +24,15 @@ description:
     every file is checked against the manifest's sha256 before anything is touched; an incomplete or damaged
     backup is refused with nothing changed. Files the patch set created are removed, bytecode is purged, and
     every restored file is checked again afterwards.
+  - O(state=restored) with O(known_good_snapshot) makes the sources what that known-good snapshot recorded
+    (C(llmops.inference.known_good)) - each file the snapshot holds gets its stored content, and every other file
+    its content in the wheel, from any state the sources are in (another patch state, partly patched, or
+    reinstalled from the wheel). Every content needed is found and checked against its sha256 first (the
+    snapshot's objects, else the originals in the backups); when one is missing or damaged the module fails
+    naming it and nothing changes. The files that change are backed up first like an apply (restoring that
+    backup returns to the state before), bytecode is purged, the result is checked against the snapshot's
+    checksums and compiled. A snapshot saved without its sources returns to the patch state it recorded, as
+    O(target_state_id) does.
   - O(state=verified) changes nothing; it compares every installed sglang file with the sha256 in the
     distribution's C(RECORD) (the wheel's hashes) and lists modified, missing and unrecorded files.
   - The patch state id (RV(state_id)) is C(pristine) when no patch set is applied, else a stable hash of the
@@ -108,13 +117,24 @@ options:
     description:
       - With O(state=restored), the backup to return to the state before, or V(latest) (the newest backup of this
         installation). An unknown id is refused with the list of available ids.
-      - Mutually exclusive with O(target_state_id). Defaults to V(latest) when neither is given.
+      - Mutually exclusive with O(target_state_id) and O(known_good_snapshot). Defaults to V(latest) when none is given.
     type: str
   target_state_id:
     description:
       - With O(state=restored), the patch state id to return to, such as V(pristine) or a RV(state_id) recorded
         earlier (a known-good snapshot). Refused when no sequence of undoing the applied backups reaches it.
     type: str
+  known_good_snapshot:
+    description:
+      - With O(state=restored), the known-good snapshot whose sources to re-create, V(current) or V(previous).
+      - Needs O(known_good_root). Mutually exclusive with O(backup_id) and O(target_state_id).
+    type: str
+    choices: [current, previous]
+  known_good_root:
+    description:
+      - The snapshot store of the unit, such as the C(known_good_root) of the C(llmops.inference.sglang_service)
+        role's C(tasks_from=facts).
+    type: path
   backup_root:
     description: Directory holding the backups.
     type: path
@@ -175,6 +195,13 @@ EXAMPLES = r"""
     state: restored
     target_state_id: "{{ known_good.patch_state_id }}"
 
+- name: Re-create the sources of the previous known-good snapshot, from whatever state they are in
+  llmops.inference.source_patch:
+    python: /opt/sglang/venv/bin/python
+    state: restored
+    known_good_root: /var/lib/llmops/known-good/sglang
+    known_good_snapshot: previous
+
 - name: Prove that every sglang file matches the wheel
   llmops.inference.source_patch:
     python: /opt/sglang/venv/bin/python
@@ -203,7 +230,8 @@ applied_sets:
 backup_id:
   description:
     - With O(state=applied), the backup this run created (null when nothing changed, or in check mode).
-    - With O(state=restored), the oldest backup undone.
+    - With O(state=restored), the oldest backup undone; with O(known_good_snapshot), the backup this run
+      created of the files it changed.
   returned: success
   type: str
   sample: 20261129T162130Z-eagle_lab
@@ -221,7 +249,7 @@ recovered:
   elements: dict
 restored:
   description: Backups undone by O(state=restored), newest first.
-  returned: when something was restored
+  returned: when something was restored from backups
   type: list
   elements: str
 compile_errors:
@@ -341,6 +369,7 @@ msg:
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402 - Ansible modules import after their docs
 
 from ansible_collections.llmops.inference.plugins.module_utils.module_support import command_runner  # noqa: E402
+from ansible_collections.llmops.inference.plugins.module_utils.source_backup import DEFAULT_ROOT  # noqa: E402
 from ansible_collections.llmops.inference.plugins.module_utils.source_patch_request import (  # noqa: E402
     REQUEST_ERRORS,
     run,
@@ -360,7 +389,9 @@ ARGUMENT_SPEC = dict(
     exclusive=dict(type="bool", default=True),
     backup_id=dict(type="str"),
     target_state_id=dict(type="str"),
-    backup_root=dict(type="path", default="/var/lib/llmops/sglang-backups"),
+    known_good_snapshot=dict(type="str", choices=["current", "previous"]),
+    known_good_root=dict(type="path"),
+    backup_root=dict(type="path", default=DEFAULT_ROOT),
     compile_check=dict(type="str", default="fail", choices=["fail", "warn"]),
     lock_timeout=dict(type="int", default=60),
 )
@@ -371,7 +402,8 @@ def main():
         argument_spec=ARGUMENT_SPEC,
         supports_check_mode=True,
         required_if=[("state", "applied", ["name"])],
-        mutually_exclusive=[("backup_id", "target_state_id")],
+        mutually_exclusive=[("backup_id", "target_state_id", "known_good_snapshot")],
+        required_together=[("known_good_snapshot", "known_good_root")],
     )
     try:
         result, diff, warnings = run(module.params, command_runner(module, cwd="/"), module.check_mode)

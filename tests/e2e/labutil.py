@@ -216,3 +216,74 @@ def restore_known_good(lab, host: str, root: str, which: str, dropin_dir: str) -
     script = f"python3 - {root} {which} {dropin_dir} <<'PYEOF'\n{RESTORE_SCRIPT}PYEOF\nsystemctl daemon-reload"
     answer = sh(lab, host, script)
     return json.loads(answer.splitlines()[0])
+
+
+# ----- the fleet playbooks (deploy.yml, rollback.yml) on a lab fleet -----
+
+DEPLOY = REPO / "playbooks" / "deploy.yml"
+ROLLBACK = REPO / "playbooks" / "rollback.yml"
+# The lab's inventory layer: the simulated engine, short load times (as `make demo` runs the playbooks).
+LAB_LAYER = REPO / "tests" / "lab" / "inventory"
+VENV_PYTHON = "/opt/sglang/venv/bin/python"
+FLEET_UNIT = "sglang.service"
+FLEET_UNIT_FILE = f"/etc/systemd/system/{FLEET_UNIT}"
+FLEET_ENV_FILE = "/etc/llmops/sglang.env"
+FLEET_KNOWN_GOOD = "/var/lib/llmops/known-good/sglang"
+FORCE_REINSTALL = (
+    f"{VENV_PYTHON} -m pip install -q --no-deps --no-index --force-reinstall /var/cache/llmops-lab/wheels/sglang-*.whl"
+)
+
+
+def run_playbook(lab, playbook, tmp_path, name, extra=None, inventories=()):
+    """Run a fleet playbook with the lab layer; return (process, {host: record}) from its JSON summary."""
+    summary = tmp_path / f"{name}.json"
+    knob = "rollback_summary_path" if playbook == ROLLBACK else "deploy_summary_path"
+    proc = lab.playbook(playbook, {knob: str(summary), **(extra or {})}, inventories=(LAB_LAYER, *inventories))
+    records = {}
+    if summary.exists():
+        records = {row["host"]: row for row in json.loads(summary.read_text())["hosts"]}
+    return proc, records
+
+
+def output(proc) -> str:
+    return f"rc={proc.returncode}\n{proc.stdout[-8000:]}\n{proc.stderr[-2000:]}"
+
+
+def recap(proc) -> dict:
+    return {
+        host: {key: int(value) for key, value in re.findall(r"(\w+)=(\d+)", counts)}
+        for host, counts in re.findall(r"^(\S+)\s+:\s+(ok=.*)$", proc.stdout, re.MULTILINE)
+    }
+
+
+def outcomes(records) -> dict:
+    return {host: record["outcome"] for host, record in records.items()}
+
+
+def main_pid(lab, host, unit=FLEET_UNIT) -> int:
+    return int(lab.exec(host, f"systemctl show -p MainPID --value {unit}").stdout.strip() or 0)
+
+
+def sha256(lab, host, path) -> str:
+    return lab.exec(host, f"sha256sum {path} | cut -d' ' -f1").stdout.strip()
+
+
+def serves(lab, host) -> dict:
+    return lab.module(
+        host,
+        "llmops.inference.sglang_probe",
+        {"unit": FLEET_UNIT, "url": "http://127.0.0.1:30000", "tp_size": 2, "fail_on_unhealthy": False},
+    )
+
+
+def verify_sources(lab, host) -> dict:
+    result = lab.module(host, "llmops.inference.source_patch", {"python": VENV_PYTHON, "state": "verified"})
+    assert result["_status"] == "SUCCESS", result
+    return result
+
+
+def known_good(lab, host) -> dict:
+    """Both known-good manifests of the fleet's unit on ``host``."""
+    result = lab.module(host, "llmops.inference.known_good", {"root": FLEET_KNOWN_GOOD})
+    assert result["_status"] == "SUCCESS", result
+    return {"current": result["current"], "previous": result["previous"]}

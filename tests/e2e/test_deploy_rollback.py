@@ -9,26 +9,34 @@ hosts serving on pristine sources.
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import threading
 import time
-from pathlib import Path
 
 import pytest
+from labutil import (
+    DEPLOY,
+    FLEET_ENV_FILE,
+    FLEET_UNIT_FILE,
+    REPO,
+    ROLLBACK,
+    VENV_PYTHON,
+    main_pid,
+    outcomes,
+    output,
+    recap,
+    serves,
+    sha256,
+    verify_sources,
+)
+from labutil import run_playbook as run
 
 pytestmark = pytest.mark.lab
 
-REPO = Path(__file__).resolve().parents[2]
-DEPLOY = REPO / "playbooks" / "deploy.yml"
-ROLLBACK = REPO / "playbooks" / "rollback.yml"
-LAB_LAYER = REPO / "tests" / "lab" / "inventory"
 EXAMPLE_PATCH = REPO / "docs" / "patches" / "eagle_lab" / "0001-register-llmops-demo-algorithm.diff"
-PYTHON = "/opt/sglang/venv/bin/python"
-PRISTINE = {"python": PYTHON, "state": "restored", "target_state_id": "pristine"}
-UNIT = "sglang.service"
-UNIT_FILE = f"/etc/systemd/system/{UNIT}"
-ENV_FILE = "/etc/llmops/sglang.env"
+PRISTINE = {"python": VENV_PYTHON, "state": "restored", "target_state_id": "pristine"}
+UNIT_FILE = FLEET_UNIT_FILE
+ENV_FILE = FLEET_ENV_FILE
 LOCK_FILE = "/run/lock/llmops-sglang.lock"
 SPEC_INFO = "sglang/srt/speculative/spec_info.py"
 # The lab's engine environment (tests/lab/inventory/group_vars/lab.yml) with one more variable: a unit change.
@@ -45,60 +53,12 @@ def fleet(lab):
     lab.reset()
 
 
-def run(lab, playbook, tmp_path, name, extra=None, inventories=()):
-    """Run a playbook with the lab layer; return (process, {host: record}) from its JSON summary."""
-    summary = tmp_path / f"{name}.json"
-    knob = "rollback_summary_path" if playbook == ROLLBACK else "deploy_summary_path"
-    proc = lab.playbook(playbook, {knob: str(summary), **(extra or {})}, inventories=(LAB_LAYER, *inventories))
-    records = {}
-    if summary.exists():
-        records = {row["host"]: row for row in json.loads(summary.read_text())["hosts"]}
-    return proc, records
-
-
-def output(proc) -> str:
-    return f"rc={proc.returncode}\n{proc.stdout[-8000:]}\n{proc.stderr[-2000:]}"
-
-
-def recap(proc) -> dict:
-    return {
-        host: {key: int(value) for key, value in re.findall(r"(\w+)=(\d+)", counts)}
-        for host, counts in re.findall(r"^(\S+)\s+:\s+(ok=.*)$", proc.stdout, re.MULTILINE)
-    }
-
-
-def main_pid(lab, host) -> int:
-    return int(lab.exec(host, f"systemctl show -p MainPID --value {UNIT}").stdout.strip() or 0)
-
-
-def sha256(lab, host, path) -> str:
-    return lab.exec(host, f"sha256sum {path} | cut -d' ' -f1").stdout.strip()
-
-
-def serves(lab, host) -> dict:
-    return lab.module(
-        host,
-        "llmops.inference.sglang_probe",
-        {"unit": UNIT, "url": "http://127.0.0.1:30000", "tp_size": 2, "fail_on_unhealthy": False},
-    )
-
-
-def verify_sources(lab, host) -> dict:
-    result = lab.module(host, "llmops.inference.source_patch", {"python": PYTHON, "state": "verified"})
-    assert result["_status"] == "SUCCESS", result
-    return result
-
-
 def reachable(lab, host) -> bool:
     try:
         answer = lab.module(host, "ansible.builtin.ping", {"data": "pong"}, timeout=60)
     except subprocess.TimeoutExpired:
         return False
     return answer.get("ping") == "pong"
-
-
-def outcomes(records) -> dict:
-    return {host: record["outcome"] for host, record in records.items()}
 
 
 def wait_until(predicate, timeout, what):

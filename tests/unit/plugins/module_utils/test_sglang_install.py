@@ -1,13 +1,19 @@
 from __future__ import annotations
 
+import hashlib
+import os
 import shutil
 
 import pytest
 from sglang_fixture import SYNTHETIC_FILES, FakeVenv, run_command
 
+from ansible_collections.llmops.inference.plugins.module_utils import sglang_install
 from ansible_collections.llmops.inference.plugins.module_utils.sglang_install import (
     InstallError,
     TargetPython,
+    record_sha256,
+    source_differences,
+    subprocess_runner,
     verify_record,
 )
 
@@ -77,3 +83,68 @@ def test_verify_record_finds_modified_missing_and_unrecorded_files(installed):
     assert report["missing"] == ["sglang/srt/algos.py"]
     assert report["unrecorded"] == ["sglang/srt/extra.py"]
     assert report["pristine"] is False
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def test_source_differences_name_each_changed_file_by_content_and_by_the_wheels_hash(installed):
+    install = TargetPython(run_command, installed.python).locate()
+    assert source_differences(install) == {}
+    package = installed.site / "sglang" / "srt"
+    (package / "server.py").write_bytes(b"PORT = 1\n")
+    (package / "algos.py").unlink()
+    (package / "extra.py").write_bytes(b"X = 1\n")
+    (package / "__pycache__").mkdir()
+    (package / "__pycache__" / "server.cpython-311.pyc").write_bytes(b"")
+    (package / ".server.py.abc.llmops-tmp").write_bytes(b"half written")
+
+    found = source_differences(install)
+
+    assert found == {
+        "sglang/srt/server.py": {
+            "sha256": sha(b"PORT = 1\n"),
+            "pristine": sha(SYNTHETIC_FILES["sglang/srt/server.py"]),
+        },
+        "sglang/srt/algos.py": {"sha256": None, "pristine": sha(SYNTHETIC_FILES["sglang/srt/algos.py"])},
+        "sglang/srt/extra.py": {"sha256": sha(b"X = 1\n"), "pristine": None},
+    }
+
+
+def test_the_cache_spares_hashing_unchanged_files_and_sees_every_rewrite(installed, monkeypatch):
+    install = TargetPython(run_command, installed.python).locate()
+    cache = {}
+    source_differences(install, cache)
+    assert set(cache) == set(SYNTHETIC_FILES)
+    hashed = []
+    real = sglang_install.file_digest
+    monkeypatch.setattr(sglang_install, "file_digest", lambda path, *a: hashed.append(path) or real(path, *a))
+
+    assert source_differences(install, cache) == {}
+    assert hashed == []
+
+    # Same size, and the old mtime put back: the inode and ctime still tell the rewrite.
+    server = installed.site / "sglang" / "srt" / "server.py"
+    before = os.stat(server)
+    server.write_bytes(SYNTHETIC_FILES["sglang/srt/server.py"].replace(b"30000", b"30001"))
+    os.utime(server, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert list(source_differences(install, cache)) == ["sglang/srt/server.py"]
+    assert hashed == [str(server)]
+
+
+def test_a_record_that_is_not_sha256_is_refused(installed):
+    record = installed.site / "sglang-0.0.7.dist-info" / "RECORD"
+    record.write_text(record.read_text().replace("sha256=", "sha512=", 1))
+    install = TargetPython(run_command, installed.python).locate()
+    with pytest.raises(InstallError, match="sha512 digest; only sha256 RECORDs"):
+        source_differences(install)
+
+
+def test_record_hashes_convert_to_hex():
+    assert record_sha256("47DEQpj8HBSa-_TImW-5JCeuQeRkm5NMpJWZG3hSuFU") == sha(b"")
+
+
+def test_the_subprocess_runner_answers_like_run_command():
+    assert subprocess_runner(["/bin/sh", "-c", "cat; echo err >&2; exit 3"], data="in") == (3, "in", "err\n")
+    assert subprocess_runner(["/nonexistent"])[0] == 127

@@ -304,3 +304,43 @@ def test_restore_is_byte_identical_to_the_wheel_record(fake_venv, tmp_path):
     pristine = make_patcher(fake_venv.python, root).verify()["verify"]
     assert pristine == {**pristine, "checked": 3, "modified": [], "missing": [], "unrecorded": [], "pristine": True}
     assert make_patcher(fake_venv.python, root).restore(backup_id="latest")["changed"] is False
+
+
+def test_find_original_returns_only_checked_content(tmp_path):
+    store = BackupStore(str(tmp_path / "backups"))
+    data = b"original\n"
+    backup = manifest(files=[record("sglang/a.py", data), record("sglang/new.py", b"", existed=False)])
+    store.create(backup, {"sglang/a.py": data})
+    wanted = atomic_file.sha256_bytes(data)
+
+    assert store.find_original(wanted) == data
+    assert store.find_original(atomic_file.sha256_bytes(b"")) is None  # did not exist: nothing backed up
+    with open(tmp_path / "backups" / backup.backup_id / "files" / "sglang" / "a.py", "wb") as out:
+        out.write(b"damaged\n")
+    assert store.find_original(wanted) is None
+    assert BackupStore(str(tmp_path / "none")).find_original(wanted) is None
+
+
+def test_the_digest_changes_with_every_backup_and_state_and_only_then(tmp_path):
+    store = BackupStore(str(tmp_path / "backups"))
+    empty = store.digest()
+    assert empty == BackupStore(str(tmp_path / "absent")).digest()
+    backup = manifest(state=APPLIED)
+    store.create(backup, {})
+    created = store.digest()
+    assert created != empty and store.digest() == created
+
+    backup.set_state(RESTORED)
+    store.save(backup)
+    assert store.digest() not in (empty, created)
+
+
+def test_applied_stack_and_expected_files_follow_one_installation(tmp_path):
+    older = manifest("20260101T000000Z-a", APPLIED, [FileRecord("sglang/a.py", True, "s0", 0o644, True, "s1")])
+    newer = manifest("20260101T000001Z-b", APPLIED, [FileRecord("sglang/a.py", True, "s1", 0o644, True, "s2")])
+    undone = manifest("20260101T000002Z-c", RESTORED, [FileRecord("sglang/b.py", True, "s0", 0o644, True, "s3")])
+    other = manifest("20260101T000003Z-d", APPLIED)
+    other.sglang_version = "0.0.2"
+    stack = source_backup.applied_stack([older, newer, undone, other], "/p/sglang", "0.0.1")
+    assert [m.backup_id for m in stack] == [older.backup_id, newer.backup_id]
+    assert source_backup.expected_files(stack) == {"sglang/a.py": "s2"}

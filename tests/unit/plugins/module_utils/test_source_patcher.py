@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -19,11 +20,12 @@ from sglang_fixture import (
 )
 
 from ansible_collections.llmops.inference.plugins.module_utils.patchset import PatchParseError
+from ansible_collections.llmops.inference.plugins.module_utils.sglang_install import source_differences
 from ansible_collections.llmops.inference.plugins.module_utils.source_backup import (
     BackupStore,
     UnknownBackupError,
 )
-from ansible_collections.llmops.inference.plugins.module_utils.source_patcher import SourcePatchError
+from ansible_collections.llmops.inference.plugins.module_utils.source_patcher import SourcePatchError, SourceTarget
 from ansible_collections.llmops.inference.plugins.module_utils.source_tree import PathSafetyError
 
 SERVER_TO_30002 = SERVER_PATCH.replace(b"+PORT = 30001", b"+PORT = 30002")
@@ -264,3 +266,132 @@ def test_empty_or_badly_named_patch_sets_are_refused():
         patch_set("demo")
     with pytest.raises(ValueError, match=r"name '\.\./x' is not accepted"):
         patch_set("../x", ALGOS_PATCH)
+
+
+# ----- reaching a recorded source state (a known-good snapshot's file set) -----
+
+
+def record_of(env) -> dict:
+    """The env's sources as a snapshot records them: {path: {sha256, pristine}} plus their contents by sha256."""
+    install = env.patcher().install
+    files = source_differences(install)
+    contents = {}
+    for rel, entry in files.items():
+        if entry["sha256"]:
+            contents[entry["sha256"]] = (env.site / rel).read_bytes()
+    return files, contents
+
+
+def target_of(env, files, contents, state_id=None, applied_sets=(), version="0.0.1"):
+    install = env.patcher().install
+    return SourceTarget(
+        label="the test snapshot",
+        name="known-good-test",
+        files=files,
+        state_id=state_id,
+        applied_sets=list(applied_sets),
+        sglang_version=version,
+        package_dir=install.package_dir,
+        content=contents.get,
+    )
+
+
+def reach(env, target, check_mode=False):
+    run = env.patcher(check_mode)
+    return run.reach(target, lambda: source_differences(run.install)), run
+
+
+def test_reach_makes_the_files_exactly_the_targets_from_another_patch_state(env):
+    a = env.patcher().apply(patch_set("a", ALGOS_PATCH, NEW_MODULE_PATCH))
+    a_files = env.files()
+    files, contents = record_of(env)
+    env.patcher().apply(patch_set("b", SERVER_PATCH))
+    assert env.files() != a_files
+
+    result, _run = reach(env, target_of(env, files, contents, a["state_id"], a["applied_sets"]))
+
+    assert env.files() == a_files
+    assert result["changed"] is True and result["state_id"] == a["state_id"]
+    assert result["applied_sets"] == a["applied_sets"] and result["backup_id"].endswith("-known-good-test")
+    assert sorted(result["files"]) == ["sglang/srt/algos.py", "sglang/srt/extra/demo.py", "sglang/srt/server.py"]
+    # The same patch set is already applied now, and the transaction is a backup like any other.
+    assert env.patcher().apply(patch_set("a", ALGOS_PATCH, NEW_MODULE_PATCH))["changed"] is False
+    env.patcher().restore(backup_id=result["backup_id"])
+    assert env.files()["sglang/srt/server.py"] != env.before["sglang/srt/server.py"]
+    env.patcher().restore(target_state_id="pristine")
+    assert env.files() == env.before
+
+
+def test_reach_from_sources_reinstalled_behind_the_records_back(env, fake_venv):
+    b = env.patcher().apply(patch_set("b", SERVER_PATCH, NEW_MODULE_PATCH))
+    b_files = env.files()
+    files, contents = record_of(env)
+    fake_venv.clear()
+    fake_venv.install(SYNTHETIC_FILES)  # the wheel again, as pip install --force-reinstall leaves it
+    assert env.patcher().verify()["state_id"] == "modified"
+
+    result, _run = reach(env, target_of(env, files, contents, b["state_id"], b["applied_sets"]))
+
+    assert env.files() == b_files and result["state_id"] == b["state_id"]
+    verified = env.patcher().verify()
+    assert verified["state_id"] == b["state_id"] and verified["drift"] == []
+
+
+def test_reach_returns_other_files_to_the_wheel_and_removes_added_ones(env):
+    files, contents = record_of(env)  # the wheel's state: nothing differs
+    env.patcher().apply(patch_set("a", ALGOS_PATCH, NEW_MODULE_PATCH))
+    (env.site / "sglang" / "srt" / "server.py").unlink()  # partly broken by hand as well
+
+    with pytest.raises(SourcePatchError, match=r"no stored copy matches sglang/srt/server.py \(the wheel's original"):
+        reach(env, target_of(env, files, contents, "pristine"))
+    assert not (env.site / "sglang" / "srt" / "server.py").exists()  # nothing changed
+
+    contents[hashlib.sha256(SYNTHETIC_FILES["sglang/srt/server.py"]).hexdigest()] = SYNTHETIC_FILES[
+        "sglang/srt/server.py"
+    ]
+    result, _run = reach(env, target_of(env, files, contents, "pristine"))
+
+    assert env.files() == env.before and result["state_id"] == "pristine"
+    assert not (env.site / "sglang" / "srt" / "extra").exists()
+
+
+def test_reach_in_check_mode_reports_and_writes_nothing(env):
+    files, contents = record_of(env)
+    env.patcher().apply(patch_set("a", ALGOS_PATCH))
+    patched = env.files()
+    backups = len(env.backups())
+
+    result, run = reach(env, target_of(env, files, contents, "pristine"), check_mode=True)
+
+    assert result["changed"] is True and result["files"] == ["sglang/srt/algos.py"] and result["backup_id"] is None
+    assert "-    LLMOPS_DEMO = auto()" in run.diff()
+    assert env.files() == patched and len(env.backups()) == backups
+
+
+def test_reach_of_the_state_the_sources_are_in_changes_nothing(env):
+    a = env.patcher().apply(patch_set("a", ALGOS_PATCH))
+    files, contents = record_of(env)
+    backups = len(env.backups())
+
+    result, _run = reach(env, target_of(env, files, contents, a["state_id"], a["applied_sets"]))
+
+    assert result["changed"] is False and "already are the test snapshot" in result["msg"]
+    assert len(env.backups()) == backups
+
+
+def test_reach_refuses_a_target_of_another_sglang_version(env):
+    files, contents = record_of(env)
+    with pytest.raises(
+        SourcePatchError, match=r"records sglang 0\.0\.2 at .* has sglang 0\.0\.1 .*nothing was changed"
+    ):
+        reach(env, target_of(env, files, contents, version="0.0.2"))
+
+
+def test_reach_names_the_targets_own_content_when_it_is_missing(env):
+    env.patcher().apply(patch_set("a", ALGOS_PATCH))
+    files, _contents = record_of(env)
+    env.patcher().restore(target_state_id="pristine")
+
+    with pytest.raises(SourcePatchError, match=r"sglang/srt/algos.py \(its content, sha256 [0-9a-f]{64}\)"):
+        reach(env, target_of(env, files, {}))
+    assert env.files() == env.before

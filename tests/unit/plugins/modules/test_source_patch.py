@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from ansible.module_utils.testing import patch_module_args
 
+from ansible_collections.llmops.inference.plugins.module_utils.known_good import KnownGoodStore
 from ansible_collections.llmops.inference.plugins.modules import source_patch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "module_utils"))
@@ -93,3 +94,62 @@ def test_bad_input_is_refused_with_a_message_naming_it(capsys, base_args, fake_v
     assert result["failed"] is True and not result.get("changed")
     assert message in result["msg"]
     assert snapshot(fake_venv.site) == before
+
+
+def save_snapshot(root: Path, site: Path, python: str, backup_root: str) -> None:
+    unit = root.parent / "unit.service"
+    unit.write_text("[Service]\n")
+    dropins = root.parent / "unit.d"
+    dropins.mkdir(exist_ok=True)
+    KnownGoodStore(str(root), backup_root=backup_root).save(
+        {"unit": str(unit)}, str(dropins), {"patch_state_id": "x"}, sources={"python": python}
+    )
+
+
+def test_restored_with_a_known_good_snapshot_recreates_its_sources(capsys, base_args, fake_venv, tmp_path):
+    applied = run_module(capsys, base_args)
+    patched = snapshot(fake_venv.site)
+    root = tmp_path / "kg"
+    save_snapshot(root, fake_venv.site, base_args["python"], base_args["backup_root"])
+    common = {"python": base_args["python"], "state": "restored", "backup_root": base_args["backup_root"]}
+    run_module(capsys, {**common, "target_state_id": "pristine"})
+    assert snapshot(fake_venv.site) != patched
+
+    kg = {**common, "known_good_root": str(root), "known_good_snapshot": "current"}
+    checked = run_module(capsys, {**kg, "_ansible_check_mode": True, "_ansible_diff": True})
+    assert checked["changed"] is True and "+    LLMOPS_DEMO = auto()" in checked["diff"]["prepared"]
+    assert snapshot(fake_venv.site) != patched
+
+    restored = run_module(capsys, kg)
+    assert restored["changed"] is True and restored["state_id"] == applied["state_id"]
+    assert snapshot(fake_venv.site) == patched
+    assert run_module(capsys, kg)["changed"] is False
+
+
+def test_a_snapshot_whose_content_is_gone_is_refused_naming_it(capsys, base_args, fake_venv, tmp_path):
+    run_module(capsys, base_args)
+    root = tmp_path / "kg"
+    save_snapshot(root, fake_venv.site, base_args["python"], base_args["backup_root"])
+    common = {"python": base_args["python"], "state": "restored", "backup_root": base_args["backup_root"]}
+    run_module(capsys, {**common, "target_state_id": "pristine"})
+    before = snapshot(fake_venv.site)
+    content = KnownGoodStore(str(root)).read("current")["sources"]["files"]["sglang/srt/algos.py"]["sha256"]
+    (root / "objects" / content).write_bytes(b"damaged")
+
+    result = run_module(capsys, {**common, "known_good_root": str(root), "known_good_snapshot": "current"})
+
+    assert result["failed"] is True and not result.get("changed")
+    assert (
+        "the stored content of sglang/srt/algos.py" in result["msg"] and "does not match its checksum" in result["msg"]
+    )
+    assert snapshot(fake_venv.site) == before
+
+
+def test_known_good_snapshot_needs_its_root_and_excludes_the_other_targets(capsys, base_args):
+    common = {"python": base_args["python"], "state": "restored"}
+    missing = run_module(capsys, {**common, "known_good_snapshot": "current"})
+    assert missing["failed"] is True and "known_good_root" in missing["msg"]
+    both = run_module(
+        capsys, {**common, "known_good_snapshot": "current", "known_good_root": "/x", "target_state_id": "pristine"}
+    )
+    assert both["failed"] is True and "mutually exclusive" in both["msg"]
