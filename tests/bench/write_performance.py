@@ -145,7 +145,8 @@ def restart_figures(data: dict) -> list:
                 f"<= {bound}" if bound else "none",
                 at_most(bound) if bound else (lambda stats, values: None),
                 [
-                    f"chain {show(seconds(data, **chain), ' s')}; operator's script {show(seconds(data, **operator), ' s')}",
+                    f"chain {show(seconds(data, **chain), ' s')}; "
+                    f"operator's script {show(seconds(data, **operator), ' s')}",
                     f"the whole ansible-playbook run (process start to exit) {show(process, ' s')}",
                     f"the chain minus the operator's script: {show(fixed, ' s')}",
                     *failures(data, **chain),
@@ -447,8 +448,8 @@ def noop_figures(data: dict) -> list:
                 f"<= {bound}" if bound else "none",
                 at_most(bound) if bound else (lambda stats, values: None),
                 [
-                    f"{size} hosts {show(spread([s['seconds'] for s in scaling if s['hosts'] == size]), ' s')}; "
-                    f"1 host {show(spread([s['seconds'] for s in scaling if s['hosts'] == 1]), ' s')}"
+                    f"{size} hosts {show(seconds(scaled, hosts=size), ' s')}; "
+                    f"1 host {show(seconds(scaled, hosts=1), ' s')}"
                 ]
                 + ([f"runs that were not a no-op (deploy changed a host): {len(not_noop)}"] if not_noop else []),
                 "each host costs its preflight probe and reads; the controller's 2 cores run every host's Ansible "
@@ -481,9 +482,7 @@ def noop_figures(data: dict) -> list:
                 "",
                 NO_WORSE,
                 no_worse,
-                [
-                    f"baseline {show(spread([s['seconds'] for s in versus if s['side'] == 'baseline' and s['hosts'] == size]), ' s')}"
-                ],
+                [f"baseline {show(seconds(compared, side='baseline', hosts=size), ' s')}"],
                 "this commit's no-op deploy takes longer than the baseline's in every run",
             )
         )
@@ -631,7 +630,7 @@ def summary(sections: list) -> list:
             lines.append(
                 f"| {figure.title} | {show(figure.stats, figure.unit)} | {figure.target} | {verdict(figure)} |\n"
             )
-    return lines + ["\n"]
+    return [*lines, "\n"]
 
 
 def details(title: str, figures: list, data: dict, command: str) -> list:
@@ -639,6 +638,10 @@ def details(title: str, figures: list, data: dict, command: str) -> list:
     rounds = len({s["round"] for s in data["samples"]}) if data["samples"] else 0
     lines.append(f", {rounds} run(s) of {data['rounds']} planned" + ("" if data["complete"] else ", **incomplete**"))
     lines.append(".\n\n")
+    if data["settings"].get("harness_check_only"):
+        lines.append(
+            "**A check of the benchmark alone: the role has no gateway drain, both sides deployed alike.**\n\n"
+        )
     for figure in figures:
         values = ", ".join(num(v) if v is not None else "n/a" for v in figure.values)
         lines += [
@@ -647,7 +650,7 @@ def details(title: str, figures: list, data: dict, command: str) -> list:
             f"- Numerator: {figure.numerator}.\n",
             f"- Denominator: {figure.denominator}.\n",
             f"- Measured: {show(figure.stats, figure.unit)}; per run: {values or 'none'}.\n",
-            f"- Target: {figure.target}: {verdict(figure)}.\n",
+            f"- Target: {figure.target}: {verdict(figure)}.\n" if figure.target != "none" else "- Target: none.\n",
         ]
         lines += [f"- Context: {item}.\n" for item in figure.context]
         if figure.met is False:

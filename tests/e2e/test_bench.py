@@ -26,6 +26,7 @@ from benchdata import (
     chain_restart,
     engine_of,
     engine_vars,
+    fresh_hosts,
     install_operator_unit,
     operator_restart,
     push_operator_scripts,
@@ -44,16 +45,27 @@ PROGRESS_WINDOW = float(os.environ.get("LLMOPS_BENCH_PROGRESS_WINDOW", "5"))
 HANG_FAULT = os.environ.get("LLMOPS_BENCH_HANG_FAULT", "generate-hang")
 
 
+@pytest.fixture
+def restart_hosts(lab):
+    with fresh_hosts(lab, 3 * len(RESTART_LOADS)) as part:
+        yield part
+
+
+@pytest.fixture
+def one_host(lab):
+    with fresh_hosts(lab, 1) as part:
+        yield part
+
+
 @pytest.fixture(scope="module")
 def baseline():
     with baseline_checkout() as checkout:
         yield checkout
 
 
-def test_bench_restart_chain_against_systemctl_restart_and_a_health_loop(clean_lab, baseline, tmp_path):
+def test_bench_restart_chain_against_systemctl_restart_and_a_health_loop(restart_hosts, baseline, tmp_path):
     """Per load: the role's chain (current and baseline commit) and the operator's script, on hosts of their own."""
-    lab = clean_lab
-    assert len(lab.hosts) >= 3 * len(RESTART_LOADS), "the restart benchmark needs 3 hosts per load"
+    lab = restart_hosts
     tree, collections, baseline_sha = baseline
     sides = {}
     for index, load in enumerate(RESTART_LOADS):
@@ -137,10 +149,10 @@ def task_interval(run, name: str, host: str) -> dict:
     return {"start": task["start"], "stop": task["end"]}
 
 
-def test_bench_reap_against_kill_sleep_kill_and_watching_nvidia_smi(clean_lab, tmp_path):
+def test_bench_reap_against_kill_sleep_kill_and_watching_nvidia_smi(one_host, tmp_path):
     """Per round: the operator's kill/sleep/kill/poll script (which also gives the lab's release lag), then the
     nvidia_reap task beside a ping task in one play."""
-    lab = clean_lab
+    lab = one_host
     host = lab.hosts[0]
     push_operator_scripts(lab, host)
     baseline_mib = gpu_used(lab, host)
@@ -198,9 +210,9 @@ def plain_generation(lab, host: str, prompt: str, tokens: int) -> dict:
     return json.loads(sh(lab, host, f"python3 - {shlex.quote(prompt)} {tokens} <<'EOF'\n{GENERATE_SCRIPT}\nEOF"))
 
 
-def test_bench_probe_against_its_own_generation_request(clean_lab, tmp_path):
+def test_bench_probe_against_its_own_generation_request(one_host, tmp_path):
     """Per round: the probe's generation sent by a plain client, then the sglang_probe task beside a ping task."""
-    lab = clean_lab
+    lab = one_host
     host = lab.hosts[0]
     variables = engine_vars(1)
     apply_role(lab, host, variables)
@@ -285,10 +297,10 @@ print(json.dumps({"start": start, "stop": time.time(), "status": status}))
 """
 
 
-def test_bench_progress_tier_on_a_hung_engine(clean_lab, tmp_path):
+def test_bench_progress_tier_on_a_hung_engine(one_host, tmp_path):
     """Per round: the operator's /health check (curl -sf once), then in one play a ping, the full probe with the
     progress tier, the progress tier alone and the unit tier alone, on an engine whose generation is stuck."""
-    lab = clean_lab
+    lab = one_host
     host = lab.hosts[0]
     unit = "t-bench-hang.service"
     bench = Recorder("progress", lab, {"window_s": PROGRESS_WINDOW, "fault": HANG_FAULT, "stuck_requests": 4})
@@ -343,6 +355,7 @@ def test_bench_progress_tier_on_a_hung_engine(clean_lab, tmp_path):
                         healthy=result.get("healthy"),
                         failed_tier=result.get("failed_tier"),
                         state=result.get("state"),
+                        module_elapsed_s=result.get("elapsed_s"),
                         reason=str(result.get("reason", ""))[:300],
                         detected=result.get("failed_tier") == "progress",
                     )

@@ -26,6 +26,7 @@ from benchdata import (
     Recorder,
     apply_role,
     engine_of,
+    fresh_hosts,
     install_operator_unit,
     push_operator_scripts,
     timed_playbook,
@@ -160,9 +161,15 @@ def statuses(results: dict) -> list:
     return [record.get("status") for record in results.get("records", results.get("points", []))]
 
 
-def test_bench_sweep_against_a_bench_speculative_loop_and_three_hosts(clean_lab, tmp_path):
-    lab = clean_lab
-    assert len(lab.hosts) >= 4, "the sweep benchmark needs 4 hosts (3 for the sweep, 1 for the operator's loop)"
+@pytest.fixture
+def four_hosts(lab):
+    """3 hosts for the sweep, 1 for the operator's loop."""
+    with fresh_hosts(lab, 4) as part:
+        yield part
+
+
+def test_bench_sweep_against_a_bench_speculative_loop_and_three_hosts(four_hosts, tmp_path):
+    lab = four_hosts
     swept, loop_host = lab.hosts[:3], lab.hosts[3]
     spec = requests_spec()
     bench = Recorder(
