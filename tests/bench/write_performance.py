@@ -332,6 +332,7 @@ def sweep_figures(data: dict) -> list:
     one, op, three = {"side": "one_host"}, {"side": "operator"}, {"side": "three_hosts"}
     engine = spread(paired(data, one, op, lambda a, b: sum(fork_to_ready(a)) + plain_bench_s(b)))
     load_each = spread([statistics.median(fork_to_ready(s)) for s in samples(data, **one) if fork_to_ready(s)])
+    # The loads of the playbook: one per point and the final restore's.
     forks = spread([(len(s["loads"]) - 1) / points for s in samples(data, **one)])
     grid = (
         f"steps {', '.join(map(str, settings['steps']))} x concurrency {', '.join(map(str, settings['levels']))}, "

@@ -291,11 +291,29 @@ def push_operator_scripts(lab, host: str) -> None:
         )
 
 
+# Set by systemd for each start, not part of what the unit gives its engine.
+PER_START_VARIABLES = (
+    "INVOCATION_ID",
+    "JOURNAL_STREAM",
+    "SYSTEMD_EXEC_PID",
+    "MANAGERPID",
+    "NOTIFY_SOCKET",
+    "LISTEN_PID",
+    "LISTEN_FDS",
+    "LISTEN_FDNAMES",
+    "WATCHDOG_PID",
+    "WATCHDOG_USEC",
+    "MONITOR_",
+)
+
+
 def engine_of(lab, host: str, unit: str = UNIT) -> dict:
-    """The running engine's command line and the unit's environment, as /proc and systemd have them."""
+    """The running engine's command line and environment (Environment=, EnvironmentFile= and systemd's own), as
+    /proc has them for the unit's main process."""
     pid = sh(lab, host, f"systemctl show -P MainPID {unit}").strip()
     argv = sh(lab, host, f"tr '\\0' '\\n' < /proc/{pid}/cmdline").splitlines()
-    environment = shlex.split(sh(lab, host, f"systemctl show -P Environment {unit}"))
+    environ = sh(lab, host, f"tr '\\0' '\\n' < /proc/{pid}/environ").splitlines()
+    environment = sorted(item for item in environ if item and not item.startswith(PER_START_VARIABLES))
     return {"argv": argv, "environment": environment}
 
 

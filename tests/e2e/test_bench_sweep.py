@@ -114,7 +114,8 @@ def sweep_vars(hosts: str, results_dir: Path) -> dict:
 def engine_loads(lab, host: str, since: float) -> list:
     """(fork, ready) of each engine start since ``since``: systemd's fork of the main process, the engine's log line."""
     forks = [json.loads(line)["fork"] for line in sh(lab, host, "cat /run/bench-forks.jsonl").splitlines() if line]
-    readies = json.loads(sh(lab, host, f"python3 - {UNIT} {int(since)} <<'EOF'\n{READY_LINES}\nEOF"))
+    forks = [fork for fork in forks if fork >= since]  # not the engine that ran before the playbook
+    readies = json.loads(sh(lab, host, f"python3 - {UNIT} {int(since) - 1} <<'EOF'\n{READY_LINES}\nEOF"))
     loads = []
     for index, fork in enumerate(forks):
         following = forks[index + 1] if index + 1 < len(forks) else float("inf")
@@ -141,7 +142,7 @@ def run_sweep(lab, hosts: list, results_dir: Path) -> tuple:
         sh(lab, watched, "pkill -f '[f]ork_watch.py'; true")
     assert run.proc.returncode == 0, run.output
     results = json.loads((results_dir / "results.json").read_text())
-    return run, results, engine_loads(lab, watched, since - 1)
+    return run, results, engine_loads(lab, watched, since)
 
 
 def points_phase(run, host: str) -> dict:
