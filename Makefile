@@ -61,8 +61,8 @@ sanity: venv ## ansible-test sanity from an ansible_collections/llmops/inference
 	$(PYTHON) tests/sanity/bootstrap_pip.py
 	cd $(SANITY_TREE) && $(BIN)/ansible-test sanity --color no --python 3.11 --requirements
 
-units: venv collection-link ## Unit tests (plugins and the lab's parts)
-	$(PYTHON) -m pytest -q tests/unit tests/lab/tests -m 'not lab'
+units: venv collection-link ## Unit tests (plugins, the lab's parts, the performance page's generator)
+	$(PYTHON) -m pytest -q tests/unit tests/lab/tests tests/bench/tests -m 'not lab'
 
 e2e: deps venv collection-link ## End-to-end tests on lab hosts (root)
 	# One rerun absorbs a rare hiccup of lab hosts that share a busy machine (a timing test that loses its

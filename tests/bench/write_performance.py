@@ -314,6 +314,16 @@ def plain_bench_s(operator: dict) -> float:
     return total
 
 
+def task_files(one_host: list) -> str:
+    """The task files the one-host sweep spent most time in (median of the runs), engine loads included."""
+    files = sorted({name for s in one_host for name in s.get("task_seconds_by_file", {})})
+    medians = {
+        name: statistics.median(s.get("task_seconds_by_file", {}).get(name, 0.0) for s in one_host) for name in files
+    }
+    top = sorted(medians.items(), key=lambda item: (-item[1], item[0]))[:6]
+    return ", ".join(f"`{name}` {seconds:.1f} s" for name, seconds in top) or "not recorded"
+
+
 def sweep_figures(data: dict) -> list:
     settings = data["settings"]
     points = len(settings["steps"])

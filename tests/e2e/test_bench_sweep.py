@@ -158,6 +158,21 @@ def points_phase(run, host: str) -> dict:
     return {"points_start": plays[1]["start"], "points_stop": min(restore)}
 
 
+def time_by_file(run, host: str) -> dict:
+    """Seconds the host spent in tasks, per task file (roles/.../restart.yml, playbooks/tasks/sweep_point.yml, ...)."""
+    totals = {}
+    for task in run.timeline.get("tasks", []):
+        if task["host"] != host or not task["start"]:
+            continue
+        path = Path((task["path"] or "?").rsplit(":", 1)[0])
+        try:
+            name = path.resolve().relative_to(REPO).as_posix()
+        except ValueError:
+            name = "/".join(path.parts[-3:])
+        totals[name] = round(totals.get(name, 0.0) + task["end"] - task["start"], 3)
+    return totals
+
+
 def statuses(results: dict) -> list:
     return [record.get("status") for record in results.get("records", results.get("points", []))]
 
@@ -212,6 +227,7 @@ def test_bench_sweep_against_a_bench_speculative_loop_and_three_hosts(four_hosts
                 loads=loads,
                 statuses=statuses(results),
                 sweep_timing=results.get("timing"),
+                task_seconds_by_file=time_by_file(run, swept[0]),
                 **points_phase(run, swept[0]),
             )
         with bench.part(f"round {round_number + 1}: operator's loop"):
