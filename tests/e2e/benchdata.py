@@ -324,14 +324,18 @@ def install_operator_unit(lab, host: str, engine: dict) -> None:
     lines += [f"Environment={shlex.quote(item)}" for item in engine["environment"]]
     lines.append("ExecStart=" + " ".join(shlex.quote(arg) for arg in engine["argv"]))
     install_unit(lab, host, OPERATOR_UNIT, "\n".join(lines) + "\n")
-    operator_restart(lab, host)
+    started = operator_restart(lab, host)
+    assert started["ok"], started["error"]
 
 
-def operator_restart(lab, host: str) -> tuple:
-    """tests/bench/operator/restart.sh on the host: (start, stop) of its restart and /health loop."""
-    out = sh(lab, host, f"{BENCH_DIR}/restart.sh {OPERATOR_UNIT} {URL}", timeout=960)
-    start, stop = (float(value) for value in out.split())
-    return start, stop
+def operator_restart(lab, host: str) -> dict:
+    """tests/bench/operator/restart.sh on the host: the sample fields of its restart and /health loop."""
+    began = time.time()
+    proc = lab.exec(host, f"{BENCH_DIR}/restart.sh {OPERATOR_UNIT} {URL}", timeout=960)
+    if proc.returncode != 0:
+        return {"start": began, "stop": time.time(), "ok": False, "error": (proc.stdout + proc.stderr)[-1500:]}
+    start, stop = (float(value) for value in proc.stdout.split())
+    return {"start": start, "stop": stop, "ok": True}
 
 
 def apply_role(lab, hosts: str, variables: dict, collections=None, inventory=LAB_INVENTORY) -> None:

@@ -109,8 +109,9 @@ def test_bench_restart_chain_against_systemctl_restart_and_a_health_loop(restart
                 common = {"round": round_number, "load_s": load}
                 chain = chain_restart(lab, hosts["collection"], variables, tmp_path)
                 bench.sample(**common, side="collection", host=hosts["collection"], **chain)
-                start, stop = operator_restart(lab, hosts["operator"])
-                bench.sample(**common, side="operator", host=hosts["operator"], start=start, stop=stop, ok=True)
+                bench.sample(
+                    **common, side="operator", host=hosts["operator"], **operator_restart(lab, hosts["operator"])
+                )
                 before = chain_restart(lab, hosts["baseline"], variables, tmp_path, collections, baseline_inventory)
                 bench.sample(**common, side="baseline", host=hosts["baseline"], **before)
     bench.finish()

@@ -1,6 +1,7 @@
 #!/bin/bash
 # A restart as operators script it without the collection: restart the unit, then ask /health once a second
-# until it answers 200. Prints the wall-clock start and stop of that work: "START STOP".
+# until it answers 200 (a unit that fails instead ends the script). Prints the wall-clock start and stop of that
+# work: "START STOP".
 #   restart.sh UNIT URL [TIMEOUT_S]
 set -u
 unit=$1 url=$2 timeout=${3:-900}
@@ -18,6 +19,10 @@ healthy() {
 start=$(date +%s.%N)
 systemctl restart "$unit" || exit 1
 until healthy; do
+  if systemctl is-failed --quiet "$unit"; then
+    echo "$unit failed: $(journalctl -u "$unit" -n 3 --no-pager -o cat | tr '\n' ' ')" >&2
+    exit 1
+  fi
   if (($(date +%s) - ${start%.*} > timeout)); then
     echo "no /health 200 within ${timeout} s" >&2
     exit 1
