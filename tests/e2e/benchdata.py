@@ -60,6 +60,11 @@ def machine_info() -> dict:
     }
 
 
+def in_turn(round_number: int, sides: list) -> list:
+    """The sides of a round in the order they run: reversed every other round, so that none always goes first."""
+    return list(sides) if round_number % 2 == 0 else list(reversed(sides))
+
+
 class Recorder:
     """One benchmark's file: its settings, every sample and the duration of each part, written after each change."""
 

@@ -28,6 +28,7 @@ from benchdata import (
     engine_of,
     engine_vars,
     fresh_hosts,
+    in_turn,
     install_operator_unit,
     operator_restart,
     push_operator_scripts,
@@ -107,13 +108,15 @@ def test_bench_restart_chain_against_systemctl_restart_and_a_health_loop(restart
             with bench.part(f"round {round_number + 1}, {load:g} s load"):
                 variables = engine_vars(load)
                 common = {"round": round_number, "load_s": load}
-                chain = chain_restart(lab, hosts["collection"], variables, tmp_path)
-                bench.sample(**common, side="collection", host=hosts["collection"], **chain)
-                bench.sample(
-                    **common, side="operator", host=hosts["operator"], **operator_restart(lab, hosts["operator"])
-                )
-                before = chain_restart(lab, hosts["baseline"], variables, tmp_path, collections, baseline_inventory)
-                bench.sample(**common, side="baseline", host=hosts["baseline"], **before)
+                for side in in_turn(round_number, ["collection", "operator", "baseline"]):
+                    host = hosts[side]
+                    if side == "operator":
+                        fields = operator_restart(lab, host)
+                    elif side == "collection":
+                        fields = chain_restart(lab, host, variables, tmp_path)
+                    else:
+                        fields = chain_restart(lab, host, variables, tmp_path, collections, baseline_inventory)
+                    bench.sample(**common, side=side, host=host, **fields)
     bench.finish()
     failed = [s for s in bench.data["samples"] if s["side"] == "collection" and not s["ok"]]
     assert not failed, failed[0]["error"]

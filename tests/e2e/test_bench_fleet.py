@@ -18,7 +18,7 @@ from pathlib import Path
 
 import loadgen
 import pytest
-from benchdata import RUNS, Recorder, baseline_checkout, fresh_hosts, lab_group_vars, timed_playbook
+from benchdata import RUNS, Recorder, baseline_checkout, fresh_hosts, in_turn, lab_group_vars, timed_playbook
 from gateway_lab import apply_gateway_role, connect_hosts, gateway_url, worker_url
 
 pytestmark = pytest.mark.bench
@@ -82,7 +82,7 @@ def test_bench_noop_deploy_on_1_6_and_12_hosts(lab):
 def measure(bench, lab, cases: list, tree: Path, collections, label: str) -> None:
     for round_number in range(RUNS):
         with bench.part(f"round {round_number + 1}: {label}"):
-            for side, hosts in cases:
+            for side, hosts in in_turn(round_number, cases):
                 where, paths = (REPO, None) if side == "collection" else (tree, collections)
                 run = deploy(lab, hosts, where, paths)
                 assert run.proc.returncode == 0, run.output
@@ -187,7 +187,7 @@ def rolling_deploy(lab, bench_name: str) -> None:
         role = apply_gateway_role(lab, gateway_host)
         assert role.returncode == 0, role.stdout[-4000:]
     for round_number in range(RUNS):
-        for side, gateways in (("with_drain", [gateway]), ("without_drain", None)):
+        for side, gateways in in_turn(round_number, [("with_drain", [gateway]), ("without_drain", None)]):
             with bench.part(f"round {round_number + 1}: {side}"):
                 register(lab, gateway_host, gateway, [worker_url(addresses[host]) for host in engines])
                 variables = dict(

@@ -27,6 +27,7 @@ from benchdata import (
     apply_role,
     engine_of,
     fresh_hosts,
+    in_turn,
     install_operator_unit,
     push_operator_scripts,
     timed_playbook,
@@ -177,6 +178,30 @@ def statuses(results: dict) -> list:
     return [record.get("status") for record in results.get("records", results.get("points", []))]
 
 
+def one_host_sweep(lab, swept: list, _loop_host: str, results_dir: Path) -> dict:
+    run, results, loads = run_sweep(lab, swept[:1], results_dir)
+    return {
+        "start": run.start,
+        "stop": run.stop,
+        "loads": loads,
+        "statuses": statuses(results),
+        "sweep_timing": results.get("timing"),
+        "task_seconds_by_file": time_by_file(run, swept[0]),
+        **points_phase(run, swept[0]),
+    }
+
+
+def operator_loop(lab, _swept: list, loop_host: str, _results_dir: Path) -> dict:
+    command = f"{BENCH_DIR}/spec_loop.sh {OPERATOR_UNIT} {URL} {BENCH_DIR}/requests.json " + " ".join(map(str, STEPS))
+    lines = [json.loads(line) for line in sh(lab, loop_host, command, timeout=1800).splitlines() if line[:1] == "{"]
+    return {"start": lines[0]["start"], "stop": lines[-1]["stop"], "points": lines}
+
+
+def three_host_sweep(lab, swept: list, _loop_host: str, results_dir: Path) -> dict:
+    run, results, _loads = run_sweep(lab, swept, results_dir)
+    return {"start": run.start, "stop": run.stop, "statuses": statuses(results), "sweep_timing": results.get("timing")}
+
+
 @pytest.fixture
 def four_hosts(lab):
     """3 hosts for the sweep, 1 for the operator's loop."""
@@ -216,40 +241,10 @@ def test_bench_sweep_against_a_bench_speculative_loop_and_three_hosts(four_hosts
             "engine",
             json.dumps({"collection": engine_of(lab, swept[0]), "operator": engine_of(lab, loop_host, OPERATOR_UNIT)}),
         )
+    parts = {"one_host": one_host_sweep, "operator": operator_loop, "three_hosts": three_host_sweep}
     for round_number in range(RUNS):
-        with bench.part(f"round {round_number + 1}: sweep on one host"):
-            run, results, loads = run_sweep(lab, swept[:1], tmp_path / f"one-{round_number}")
-            bench.sample(
-                round=round_number,
-                side="one_host",
-                start=run.start,
-                stop=run.stop,
-                loads=loads,
-                statuses=statuses(results),
-                sweep_timing=results.get("timing"),
-                task_seconds_by_file=time_by_file(run, swept[0]),
-                **points_phase(run, swept[0]),
-            )
-        with bench.part(f"round {round_number + 1}: operator's loop"):
-            out = sh(
-                lab,
-                loop_host,
-                f"{BENCH_DIR}/spec_loop.sh {OPERATOR_UNIT} {URL} {BENCH_DIR}/requests.json "
-                + " ".join(map(str, STEPS)),
-                timeout=1800,
-            )
-            lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-            bench.sample(
-                round=round_number, side="operator", start=lines[0]["start"], stop=lines[-1]["stop"], points=lines
-            )
-        with bench.part(f"round {round_number + 1}: sweep on three hosts"):
-            run, results, _loads = run_sweep(lab, swept, tmp_path / f"three-{round_number}")
-            bench.sample(
-                round=round_number,
-                side="three_hosts",
-                start=run.start,
-                stop=run.stop,
-                statuses=statuses(results),
-                sweep_timing=results.get("timing"),
-            )
+        for side in in_turn(round_number, list(parts)):
+            with bench.part(f"round {round_number + 1}: {side}"):
+                fields = parts[side](lab, swept, loop_host, tmp_path / f"{side}-{round_number}")
+                bench.sample(round=round_number, side=side, **fields)
     bench.finish()
