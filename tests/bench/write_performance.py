@@ -69,6 +69,8 @@ def spread(values: list) -> dict | None:
 def num(value: float, unit: str = "") -> str:
     if value is None:
         return "n/a"
+    if isinstance(value, int):
+        return f"{int(value)}{unit}"
     digits = 2 if abs(value) < 10 else 1
     return f"{value:.{digits}f}{unit}"
 
@@ -404,8 +406,8 @@ def sweep_figures(data: dict) -> list:
             at_least(2.5),
             [f"three hosts {show(seconds(data, **three), ' s')}"],
             "the plan, the report and each host's set-up and final restore are paid once per playbook, not per "
-            "point; with 2 points per host they weigh on the three-host run; the controller's 2 cores run the "
-            "three hosts' Ansible workers and modules at once",
+            f"point; with {points / 3:g} points per host they weigh on the three-host run; the controller's 2 cores "
+            "run the three hosts' Ansible workers and modules at once",
         ),
         Figure(
             "sweep_levels",
@@ -514,10 +516,11 @@ def rolling_phases(sample: dict) -> dict:
     """Failed requests of the round, p99 latency of the steady phase and of the requests started during the deploy."""
     deploy_start = (sample["start"] - sample["load_start"]) * 1000
     deploy_stop = (sample["stop"] - sample["load_start"]) * 1000
-    ok = [(start, end) for start, end, outcome in sample["requests"] if outcome == "ok"]
+    requests = [(int(start), int(end), outcome) for start, end, outcome in map(str.split, sample["requests"])]
+    ok = [(start, end) for start, end, outcome in requests if outcome == "ok"]
     steady = [end - start for start, end in ok if end < deploy_start]
     during = [end - start for start, end in ok if deploy_start <= start <= deploy_stop]
-    failed = sum(1 for _start, _end, outcome in sample["requests"] if outcome != "ok")
+    failed = sum(1 for _start, _end, outcome in requests if outcome != "ok")
     return {"failed": failed, "steady_p99": percentile(steady, 0.99), "deploy_p99": percentile(during, 0.99)}
 
 

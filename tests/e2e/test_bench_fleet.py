@@ -30,7 +30,7 @@ ROLE_SPECS = REPO / "roles" / "sglang_service" / "meta" / "argument_specs.yml"
 FLEET_SIZES = (1, 6, 12)
 LOAD_CLIENTS = 16
 ALL_AT_ONCE = {"deploy_batch": "100%"}
-STEADY_S = float(os.environ.get("LLMOPS_BENCH_STEADY_S", "15"))
+STEADY_S = float(os.environ.get("LLMOPS_BENCH_STEADY_S", "10"))
 # Runs the rolling benchmark although the role does not declare the gateway list: a check of the harness alone
 # (both sides then deploy the same way); its data says so.
 FORCE_ROLLING = os.environ.get("LLMOPS_BENCH_ROLLING_FORCE") == "1"
@@ -138,11 +138,12 @@ class Load:
             thread.join(timeout=120)
 
     def compact(self, since: float) -> list:
-        """[start, end, outcome] of every request since ``since``, in ms from it: the raw samples, kept small."""
+        """Every request since ``since`` as "START END OUTCOME" (ms from ``since``; ok, failed or truncated): the raw
+        samples, one short line each."""
         with self.lock:
             records = list(self.records)
         return [
-            [round((r["start"] - since) * 1000), round((r["end"] - since) * 1000), r["outcome"]]
+            f"{round((r['start'] - since) * 1000)} {round((r['end'] - since) * 1000)} {r['outcome']}"
             for r in records
             if r["start"] >= since
         ]
