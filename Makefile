@@ -13,6 +13,7 @@ SANITY_TREE := $(CURDIR)/build/sanity/ansible_collections/llmops/inference
 APT_PACKAGES := debootstrap systemd-container iproute2 util-linux gcc make openssh-client psmisc python3-venv
 DEMO_LAB    ?= demo
 DEMO_HOSTS  ?= 3
+BENCH_LAB   ?= bench
 
 export ANSIBLE_COLLECTIONS_PATH := $(COLLECTIONS)
 export PATH := $(BIN):$(PATH)
@@ -60,8 +61,8 @@ sanity: venv ## ansible-test sanity from an ansible_collections/llmops/inference
 	$(PYTHON) tests/sanity/bootstrap_pip.py
 	cd $(SANITY_TREE) && $(BIN)/ansible-test sanity --color no --python 3.11 --requirements
 
-units: venv collection-link ## Unit tests (plugins and the lab's parts)
-	$(PYTHON) -m pytest -q tests/unit tests/lab/tests -m 'not lab'
+units: venv collection-link ## Unit tests (plugins, the lab's parts, the performance page's generator)
+	$(PYTHON) -m pytest -q tests/unit tests/lab/tests tests/bench/tests -m 'not lab'
 
 e2e: deps venv collection-link ## End-to-end tests on lab hosts (root)
 	# One rerun absorbs a rare hiccup of lab hosts that share a busy machine (a timing test that loses its
@@ -94,12 +95,12 @@ demo: deps venv collection-link ## Boot a 3-host lab, deploy to it, print a prob
 demo-down: venv ## Remove the demo lab
 	$(LAB) down --name $(DEMO_LAB)
 
-bench: deps venv collection-link ## Run the benchmarks on lab hosts and rewrite docs/performance.md (about 25 min)
-	rm -f build/bench/figures.json
-	LLMOPS_LAB_NAME=bench LLMOPS_LAB_HOSTS=6 $(PYTHON) -m pytest -q -s -p no:cacheprovider tests/e2e/test_bench.py -m bench
-	LLMOPS_LAB_NAME=benchs LLMOPS_LAB_HOSTS=3 LLMOPS_SWEEP_BENCH=1 LLMOPS_BENCH_OUT=build/bench \
-	  $(PYTHON) -m pytest -q -s -p no:cacheprovider tests/e2e/test_spec_sweep.py -k benchmark
-	$(PYTHON) tests/bench/write_performance.py
+bench: deps venv collection-link ## Benchmarks on a 12-host lab (3 runs, about 35 min): raw data to docs/performance/, then docs/performance.md
+	@run=$$(date -u +%Y%m%dT%H%M%SZ); status=0; \
+	LLMOPS_BENCH_RUN=$$run LLMOPS_LAB_NAME=$(BENCH_LAB) LLMOPS_LAB_HOSTS=12 \
+	  $(PYTHON) -m pytest -q -s -p no:cacheprovider --durations 0 -m bench \
+	  tests/e2e/test_bench.py tests/e2e/test_bench_sweep.py tests/e2e/test_bench_fleet.py || status=$$?; \
+	$(PYTHON) tests/bench/write_performance.py --run $$run; exit $$status
 
 build: venv ## Build the collection tarball
 	$(BIN)/ansible-galaxy collection build --force

@@ -1,253 +1,376 @@
-"""Benchmarks behind docs/performance.md (``make bench``). Not run by ``make test``.
+"""Benchmarks of one host's operations (``make bench``; not run by ``make test``): restart, reap, probe, progress tier.
 
-Each benchmark measures a ratio or a latency in one run on lab hosts and records it as a figure
-with its target; ``tests/bench/write_performance.py`` turns the figures into docs/performance.md.
-Targets are asserted only here, never in the test suite: the machines are shared and noisy.
+Each one measures the collection side by side with the way the job is done without it, in rounds that alternate the
+sides, and records every sample with benchdata (docs/performance/<run>/<benchmark>.json). No target is asserted
+here: tests/bench/write_performance.py computes the figures and compares them with their targets.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
-import statistics
-import time
+import os
+import shlex
 from pathlib import Path
 
 import pytest
-from labutil import install_unit, read_ready_time, sh, start_ready_watch, wait_healthy
-from prometheus_client.parser import text_string_to_metric_families
+from benchdata import (
+    BENCH_DIR,
+    OPERATOR_UNIT,
+    PLAYS,
+    RUNS,
+    UNIT,
+    URL,
+    Recorder,
+    apply_role,
+    baseline_checkout,
+    chain_restart,
+    engine_of,
+    engine_vars,
+    fresh_hosts,
+    in_turn,
+    install_operator_unit,
+    operator_restart,
+    push_operator_scripts,
+    timed_playbook,
+)
+from labutil import install_unit, sh
 
 pytestmark = pytest.mark.bench
 
-FIGURES = Path(__file__).resolve().parents[2] / "build" / "bench" / "figures.json"
-SIM = "/opt/sglang/venv/bin/python -m sglang_sim.launch_server --model-path Qwen/Qwen3-8B --host 127.0.0.1 --port 30000"
-
-SIM_UNIT = """\
-[Unit]
-Description=benchmark engine
-
-[Service]
-ExecStart={command}
-KillMode=control-group
-"""
-
-LATENCY_SCRIPT = """
-import concurrent.futures, json, statistics, time, urllib.request
-
-def generate(tokens=64):
-    body = json.dumps({"text": "Benchmark prompt", "sampling_params": {"max_new_tokens": tokens, "temperature": 0}})
-    request = urllib.request.Request("http://127.0.0.1:30000/generate", body.encode(),
-                                     {"Content-Type": "application/json"})
-    start = time.perf_counter()
-    with urllib.request.urlopen(request, timeout=60) as answer:
-        answer.read()
-    return time.perf_counter() - start
-
-generate()
-single = [generate() for _ in range(10)]
-with concurrent.futures.ThreadPoolExecutor(32) as pool:
-    start = time.perf_counter()
-    list(pool.map(lambda _: generate(), range(32)))
-    concurrent_wall = time.perf_counter() - start
-print(json.dumps({"single_median_s": statistics.median(single), "concurrent_wall_s": concurrent_wall}))
-"""
+REPO = Path(__file__).resolve().parents[2]
+MODEL = "Qwen/Qwen3-8B"  # the hung engine's
+RESTART_LOADS = [float(value) for value in os.environ.get("LLMOPS_BENCH_RESTART_LOADS", "10,1").split(",")]
+REAP_GRACE = 2.0
+PROGRESS_WINDOW = float(os.environ.get("LLMOPS_BENCH_PROGRESS_WINDOW", "5"))
+# The lab's fault for "generation stuck while /health answers"; the lab names it.
+HANG_FAULT = os.environ.get("LLMOPS_BENCH_HANG_FAULT", "generate-hang")
 
 
-class Figures:
-    """Collects figures and writes them to build/bench/figures.json as they come."""
+@pytest.fixture
+def restart_hosts(lab):
+    with fresh_hosts(lab, 3 * len(RESTART_LOADS)) as part:
+        yield part
 
-    def __init__(self, path: Path):
-        self.path = path
-        self.items = json.loads(path.read_text()) if path.exists() else {}
 
-    def record(self, key: str, **figure) -> None:
-        self.items[key] = figure
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.write_text(json.dumps(self.items, indent=2, sort_keys=True))
+@pytest.fixture
+def one_host(lab):
+    with fresh_hosts(lab, 1) as part:
+        yield part
 
 
 @pytest.fixture(scope="module")
-def figures():
-    return Figures(FIGURES)
+def baseline():
+    with baseline_checkout() as checkout:
+        yield checkout
 
 
-def start_engine(lab, host: str, flags: str) -> float:
-    install_unit(lab, host, "t-bench.service", SIM_UNIT.format(command=f"{SIM} {flags}"))
-    sh(lab, host, "systemctl restart t-bench.service")
-    return wait_healthy(lab, host)
-
-
-def test_sim_is_never_the_bottleneck(clean_lab, figures):
-    host = clean_lab.hosts[0]
-    start_engine(clean_lab, host, "--tp-size 1 --sim-load-time 0.5 --sim-warmup-time 0 --sim-token-latency-ms 1")
-    result = json.loads(sh(clean_lab, host, f"python3 - <<'EOF'\n{LATENCY_SCRIPT}\nEOF"))
-    single_ms = result["single_median_s"] * 1000
-    ratio = result["concurrent_wall_s"] / result["single_median_s"]
-    figures.record(
-        "sim_generate_latency",
-        issue="The lab's simulated engine",
-        figure="64-token /generate at 1 ms per token (median of 10)",
-        value=f"{single_ms:.0f} ms",
-        target="< 150 ms",
-        met=single_ms < 150,
+def test_bench_restart_chain_against_systemctl_restart_and_a_health_loop(restart_hosts, baseline, tmp_path):
+    """Per load: the role's chain (current and baseline commit) and the operator's script, on hosts of their own."""
+    lab = restart_hosts
+    tree, collections, baseline_sha = baseline
+    sides = {}
+    for index, load in enumerate(RESTART_LOADS):
+        ours, operator, before = lab.hosts[3 * index : 3 * index + 3]
+        sides[load] = {"collection": ours, "operator": operator, "baseline": before}
+    bench = Recorder(
+        "restart",
+        lab,
+        {
+            "loads_s": RESTART_LOADS,
+            "hosts": sides,
+            "baseline_commit": baseline_sha,
+            "engine": {f"{load:g}": engine_vars(load) for load in RESTART_LOADS},
+            "inventory": "tests/lab/inventory (the baseline side: that commit's own tests/lab/inventory)",
+            "operator_script": "tests/bench/operator/restart.sh",
+        },
     )
-    figures.record(
-        "sim_concurrency",
-        issue="The lab's simulated engine",
-        figure="32 concurrent 64-token requests: wall time / one request's time",
-        value=f"{ratio:.1f}x",
-        target="far below 32x (they do not serialise); <= 4x",
-        met=ratio <= 4,
-    )
+    baseline_inventory = tree / "tests" / "lab" / "inventory"
+    with bench.part("set-up: the role on its hosts, the operator's plain units"):
+        # One load's hosts at a time; its two role runs side by side (set-up only, nothing here is measured).
+        for load, hosts in sides.items():
+            variables = engine_vars(load)
+            with concurrent.futures.ThreadPoolExecutor(2) as pool:
+                ours = pool.submit(apply_role, lab, hosts["collection"], variables)
+                theirs = pool.submit(apply_role, lab, hosts["baseline"], variables, collections, baseline_inventory)
+                ours.result()
+                try:
+                    theirs.result()
+                except AssertionError as exc:  # recorded: the baseline's samples then say why they failed
+                    bench.note(f"baseline_setup_{load:g}s", str(exc)[-1500:])
+            push_operator_scripts(lab, hosts["operator"])
+            engine = engine_of(lab, hosts["collection"])
+            install_operator_unit(lab, hosts["operator"], engine)
+            operator = engine_of(lab, hosts["operator"], OPERATOR_UNIT)
+            bench.note(f"engine_{load:g}s", json.dumps({"collection": engine, "operator": operator}))
+    for round_number in range(RUNS):
+        for load, hosts in sides.items():
+            with bench.part(f"round {round_number + 1}, {load:g} s load"):
+                variables = engine_vars(load)
+                common = {"round": round_number, "load_s": load}
+                for side in in_turn(round_number, ["collection", "operator", "baseline"]):
+                    host = hosts[side]
+                    if side == "operator":
+                        fields = operator_restart(lab, host)
+                    elif side == "collection":
+                        fields = chain_restart(lab, host, variables, tmp_path)
+                    else:
+                        fields = chain_restart(lab, host, variables, tmp_path, collections, baseline_inventory)
+                    bench.sample(**common, side=side, host=host, **fields)
+    bench.finish()
+    failed = [s for s in bench.data["samples"] if s["side"] == "collection" and not s["ok"]]
+    assert not failed, failed[0]["error"]
 
 
-def test_reap_returns_soon_after_grace(clean_lab, figures):
-    host = clean_lab.hosts[0]
+def gpu_used(lab, host: str, gpu: int = 0) -> int:
+    return int(sh(lab, host, f"nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i {gpu}"))
+
+
+def start_holder(lab, host: str, mib: int = 2000) -> int:
+    """A process holding GPU 0 memory that ignores SIGTERM (an orphaned scheduler, as the reaper meets it)."""
     pid = int(
         sh(
-            clean_lab,
+            lab,
             host,
-            "setsid simgpu-claim --hold --ignore-sigterm --gpu 0 --mib 2000 </dev/null >/dev/null 2>&1 & echo $!",
+            f"setsid simgpu-claim --hold --ignore-sigterm --gpu 0 --mib {mib} </dev/null >/dev/null 2>&1 & echo $!",
         )
     )
     sh(
-        clean_lab,
+        lab,
         host,
         f"until nvidia-smi --query-compute-apps=pid --format=csv,noheader | grep -qx {pid}; do sleep 0.05; done",
         timeout=30,
     )
-    grace = 2.0
-    result = clean_lab.module(host, "llmops.inference.nvidia_reap", {"pids": [pid], "grace": grace, "timeout": 30})
-    assert result["changed"] is True, result
-    beyond = result["elapsed_s"] - grace
-    figures.record(
-        "reap_beyond_grace",
-        issue="nvidia_reap",
-        figure="reaping a SIGTERM-ignoring holder: time beyond `grace` (2 s), memory released",
-        value=f"{beyond:.2f} s",
-        target="<= 0.5 s",
-        met=beyond <= 0.5,
-    )
+    return pid
 
 
-def test_probe_gate_latency_and_overhead(clean_lab, figures):
-    host = clean_lab.hosts[0]
-    install_unit(clean_lab, host, "t-bench.service", SIM_UNIT.format(command=f"{SIM} --tp-size 2 --sim-load-time 15"))
-    sh(clean_lab, host, "systemctl restart t-bench.service")
-    start_ready_watch(clean_lab, host, "/run/bench-ready")
-    gate = clean_lab.module(
-        host,
-        "llmops.inference.sglang_probe",
-        {"unit": "t-bench.service", "tp_size": 2, "wait_timeout": 60, "textfile_path": "/run/bench-probe.prom"},
+def run_tasks(lab, host: str, tmp_path: Path, **steps):
+    result = tmp_path / f"tasks-{host}.json"
+    run = timed_playbook(
+        lab, PLAYS / "bench_tasks.yml", {"bench_host": host, "bench_result": str(result), **steps}, timeout=600
     )
-    assert gate["healthy"] is True, gate
-    text = sh(clean_lab, host, "cat /run/bench-probe.prom")
-    finished = (
-        next(
-            family
-            for family in text_string_to_metric_families(text)
-            if family.name == "llmops_sglang_probe_last_run_timestamp_seconds"
-        )
-        .samples[0]
-        .value
-    )
-    ready = read_ready_time(clean_lab, host, "/run/bench-ready")
-    latency = finished - ready
-    # The load outlasts Ansible's own start-up, so the gate is already waiting when the engine gets ready.
-    assert gate["waited_s"] > 0, gate
-    overheads = []
-    for _attempt in range(5):
-        probe = clean_lab.module(host, "llmops.inference.sglang_probe", {"unit": "t-bench.service", "tp_size": 2})
-        overheads.append(probe["elapsed_s"] - probe["generation"]["latency_s"])
-    overhead = statistics.median(overheads)
-    figures.record(
-        "probe_gate_latency",
-        issue="sglang_probe",
-        figure="wait mode: probe returns after the engine is ready (/health first 200)",
-        value=f"{latency:.2f} s",
-        target="<= 1 s",
-        met=latency <= 1,
-    )
-    figures.record(
-        "probe_overhead",
-        issue="sglang_probe",
-        figure="full probe time beyond its own generation request (median of 5)",
-        value=f"{overhead:.2f} s",
-        target="< 0.5 s",
-        met=overhead < 0.5,
-    )
+    assert run.proc.returncode == 0, run.output
+    return run, json.loads(result.read_text())
 
 
-LAB_INVENTORY = Path(__file__).resolve().parents[2] / "tests" / "lab" / "inventory"
-PLAYBOOKS = Path(__file__).resolve().parent / "playbooks"
-DEPLOY = Path(__file__).resolve().parents[2] / "playbooks" / "deploy.yml"
-# The engine's own time in a restart: its drain (systemd's "Stopping" to "Stopped") and its load (the main
-# process's fork, after the ExecStartPre gate, to the engine's own "ready" line, before the ExecStartPost gate).
-ENGINE_TIMES = r"""
-import json, subprocess, sys, time
-unit = "sglang.service"
-command = ["journalctl", "-u", unit, "-o", "short-unix", "--no-pager", "--since", "@" + sys.argv[1]]
-lines = subprocess.run(command, capture_output=True, text=True, check=True).stdout.splitlines()
-def first(*texts):
-    return next(float(line.split()[0]) for line in lines if any(text in line for text in texts))
-show = ["systemctl", "show", "-P", "ExecMainStartTimestampMonotonic", unit]
-forked_mono = int(subprocess.run(show, capture_output=True, text=True, check=True).stdout) / 1e6
-forked = time.time() - (time.monotonic() - forked_mono)
-print(json.dumps({"drain_s": first("Stopped ", "Deactivated successfully") - first("Stopping "),
-                  "load_s": first("The server is fired up and ready to roll") - forked}))
+def task_interval(run, name: str, host: str) -> dict:
+    task = run.task(name, host)
+    return {"start": task["start"], "stop": task["end"]}
+
+
+def test_bench_reap_against_kill_sleep_kill_and_watching_nvidia_smi(one_host, tmp_path):
+    """Per round: the operator's kill/sleep/kill/poll script (which also gives the lab's release lag), then the
+    nvidia_reap task beside a ping task in one play."""
+    lab = one_host
+    host = lab.hosts[0]
+    push_operator_scripts(lab, host)
+    baseline_mib = gpu_used(lab, host)
+    bench = Recorder(
+        "reap",
+        lab,
+        {
+            "grace_s": REAP_GRACE,
+            "holder_mib": 2000,
+            "operator_script": "tests/bench/operator/reap.sh",
+            "operator_poll_s": 0.02,
+            "gpu_baseline_mib": baseline_mib,
+            "release_lag_ms_file": sh(lab, host, "cat /var/lib/simgpu/release_lag_ms 2>/dev/null || echo none").strip(),
+        },
+    )
+    for round_number in range(RUNS):
+        with bench.part(f"round {round_number + 1}"):
+            pid = start_holder(lab, host)
+            out = sh(lab, host, f"{BENCH_DIR}/reap.sh {pid} {REAP_GRACE:g} 0 {baseline_mib} 0.02", timeout=180)
+            start, killed, stop = (float(value) for value in out.split())
+            bench.sample(
+                round=round_number, side="operator", start=start, stop=stop, killed=killed, release_lag_s=stop - killed
+            )
+            pid = start_holder(lab, host)
+            reap = {"pids": [pid], "grace": REAP_GRACE, "timeout": 30}
+            run, results = run_tasks(lab, host, tmp_path, bench_reap=reap)
+            result = results["reap"]
+            bench.sample(
+                round=round_number,
+                side="collection",
+                **task_interval(run, "Reap", host),
+                changed=result.get("changed"),
+                module_elapsed_s=result.get("elapsed_s"),
+                ok=bool(result.get("changed")) and gpu_used(lab, host) <= baseline_mib,
+            )
+            bench.sample(
+                round=round_number, side="ansible_task", **task_interval(run, "Ansible's own cost of a task", host)
+            )
+    bench.finish()
+
+
+GENERATE_SCRIPT = """
+import http.client, json, sys, time
+body = {"text": sys.argv[1], "sampling_params": {"temperature": 0, "max_new_tokens": int(sys.argv[2])}, "stream": True}
+connection = http.client.HTTPConnection("127.0.0.1", 30000, timeout=120)
+start = time.time()
+connection.request("POST", "/generate", json.dumps(body), {"Content-Type": "application/json"})
+done = any(line.strip() == b"data: [DONE]" for line in connection.getresponse())
+print(json.dumps({"start": start, "stop": time.time(), "done": done}))
 """
 
 
-def test_restart_chain_overhead_over_drain_and_load(clean_lab, figures):
-    host = clean_lab.hosts[0]
-    variables = {
-        "bench_host": host,
-        "sglang_service_environment": {"SGLANG_SIM_LOAD_TIME": "10", "SGLANG_SIM_DRAIN_TIME": "2"},
-    }
-    up = clean_lab.playbook(PLAYBOOKS / "bench_service.yml", variables, inventories=(LAB_INVENTORY,))
-    assert up.returncode == 0, up.stdout[-4000:]
-    since = sh(clean_lab, host, "date +%s.%N").strip()
-    restart = clean_lab.playbook(
-        PLAYBOOKS / "bench_restart.yml",
-        variables | {"bench_result": "/run/bench-gate.json"},
-        inventories=(LAB_INVENTORY,),
-    )
-    assert restart.returncode == 0, restart.stdout[-4000:]
-    gate = json.loads(sh(clean_lab, host, "cat /run/bench-gate.json"))
-    times = json.loads(sh(clean_lab, host, f"python3 - {since} <<'EOF'\n{ENGINE_TIMES}\nEOF"))
-    engine = times["drain_s"] + times["load_s"]
-    ratio = gate["elapsed_s"] / engine
-    figures.record(
-        "restart_chain_ratio",
-        issue="sglang_service",
-        figure="restart chain wall time / the engine's own drain + load time (10 s simulated load)",
-        value=f"{ratio:.2f} ({gate['elapsed_s']:.1f} s / {engine:.1f} s)",
-        target="<= 1.2",
-        met=ratio <= 1.2,
-    )
+def plain_generation(lab, host: str, prompt: str, tokens: int) -> dict:
+    """The probe's own generation request, sent by a plain client on the host (curl -N would do the same)."""
+    return json.loads(sh(lab, host, f"python3 - {shlex.quote(prompt)} {tokens} <<'EOF'\n{GENERATE_SCRIPT}\nEOF"))
 
 
-def test_noop_deploy_scales_with_the_fleet(lab, figures):
-    lab.reset()
-    inventories = (LAB_INVENTORY,)
-    first = lab.playbook(DEPLOY, inventories=inventories, timeout=1800)
-    assert first.returncode == 0, first.stdout[-4000:]
-    samples = {"one": [], "all": []}
-    # Alternating runs, the median of each: one slow run on a shared machine does not decide the figure.
-    for _round in range(5):
-        for label, limit in (("one", lab.hosts[0]), ("all", None)):
-            started = time.monotonic()
-            run = lab.playbook(DEPLOY, inventories=inventories, limit=limit, timeout=1800)
-            samples[label].append(time.monotonic() - started)
-            assert run.returncode == 0, run.stdout[-4000:]
-            assert "up to date" in run.stdout, run.stdout[-4000:]
-    walls = {label: statistics.median(values) for label, values in samples.items()}
-    ratio = walls["all"] / walls["one"]
-    figures.record(
-        "noop_deploy_scaling",
-        issue="deploy.yml",
-        figure=f"no-op deploy wall time on {len(lab.hosts)} hosts / on 1 host (medians of 5 alternating runs)",
-        value=f"{ratio:.2f} ({walls['all']:.1f} s / {walls['one']:.1f} s)",
-        target="<= 2.0",
-        met=ratio <= 2.0,
-    )
-    lab.reset()
+def test_bench_probe_against_its_own_generation_request(one_host, tmp_path):
+    """Per round: the probe's generation sent by a plain client, then the sglang_probe task beside a ping task."""
+    lab = one_host
+    host = lab.hosts[0]
+    variables = engine_vars(1)
+    apply_role(lab, host, variables)
+    probe = {"unit": UNIT, "tp_size": 2, "url": URL}
+    prompt, tokens = "List the first five prime numbers.", 32  # the module's default prompt and length
+    bench = Recorder("probe", lab, {"engine": variables, "probe": probe, "prompt": prompt, "max_new_tokens": tokens})
+    for round_number in range(RUNS):
+        with bench.part(f"round {round_number + 1}"):
+            generation = plain_generation(lab, host, prompt, tokens)
+            bench.sample(
+                round=round_number,
+                side="operator",
+                start=generation["start"],
+                stop=generation["stop"],
+                ok=generation["done"],
+            )
+            run, results = run_tasks(lab, host, tmp_path, bench_probe=probe)
+            result = results["probe"]
+            bench.sample(
+                round=round_number,
+                side="collection",
+                **task_interval(run, "Probe", host),
+                ok=bool(result.get("healthy")),
+                module_elapsed_s=result.get("elapsed_s"),
+                module_generation_s=(result.get("generation") or {}).get("latency_s"),
+            )
+            bench.sample(
+                round=round_number, side="ansible_task", **task_interval(run, "Ansible's own cost of a task", host)
+            )
+    bench.finish()
+
+
+HANG_UNIT = """\
+[Unit]
+Description=An engine whose generation hangs while /health answers
+[Service]
+ExecStart=/opt/sglang/venv/bin/python -m sglang_sim.launch_server --model-path {model} --tp-size 1 --port 30000 \
+ --enable-metrics --sim-load-time 0.5 --sim-warmup-time 0.2 --sim-fault {fault}
+"""
+STUCK_CLIENTS = """
+import http.client, json, threading, time
+def stuck():
+    # Sent again while the engine answers at once (not up, or still warming up): from then on it never answers.
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        connection = http.client.HTTPConnection("127.0.0.1", 30000, timeout=600)
+        body = {"text": "a request the hung engine never answers", "sampling_params": {"max_new_tokens": 16}}
+        try:
+            connection.request("POST", "/generate", json.dumps(body), {"Content-Type": "application/json"})
+            connection.getresponse().read()
+        except OSError:
+            pass
+        time.sleep(0.2)
+threads = [threading.Thread(target=stuck) for _ in range(4)]
+[thread.start() for thread in threads]
+[thread.join() for thread in threads]
+"""
+HELD = """
+import re, sys, time, urllib.request
+deadline = time.monotonic() + 60
+while time.monotonic() < deadline:
+    try:
+        text = urllib.request.urlopen("http://127.0.0.1:30000/metrics", timeout=5).read().decode()
+    except OSError:
+        text = ""
+    held = sum(float(m) for m in re.findall(r'^sglang:num_(?:running|queue)_reqs(?:\\{[^}]*\\})? (\\S+)', text, re.M))
+    if held >= 4:
+        sys.exit(0)
+    time.sleep(0.1)
+sys.exit("the hung engine never held the 4 stuck requests")
+"""
+OPERATOR_HEALTH = """
+import json, time, urllib.error, urllib.request
+start = time.time()
+try:
+    status = urllib.request.urlopen("http://127.0.0.1:30000/health", timeout=60).status
+except urllib.error.HTTPError as exc:
+    status = exc.code
+except OSError:
+    status = None
+print(json.dumps({"start": start, "stop": time.time(), "status": status}))
+"""
+
+
+def test_bench_progress_tier_on_a_hung_engine(one_host, tmp_path):
+    """Per round: the operator's /health check (curl -sf once), then in one play a ping, the full probe with the
+    progress tier, the progress tier alone and the unit tier alone, on an engine whose generation is stuck."""
+    lab = one_host
+    host = lab.hosts[0]
+    unit = "t-bench-hang.service"
+    bench = Recorder("progress", lab, {"window_s": PROGRESS_WINDOW, "fault": HANG_FAULT, "stuck_requests": 4})
+    install_unit(lab, host, unit, HANG_UNIT.format(model=MODEL, fault=HANG_FAULT))
+    try:
+        sh(lab, host, f"systemctl start {unit}")
+        sh(
+            lab,
+            host,
+            f"cat > /run/stuck.py <<'EOF'\n{STUCK_CLIENTS}\nEOF\n"
+            "(timeout 600 python3 /run/stuck.py) </dev/null >/dev/null 2>&1 &",
+        )
+        sh(lab, host, f"python3 - <<'EOF'\n{HELD}\nEOF", timeout=90)
+        full = {
+            "unit": unit,
+            "tp_size": 1,
+            "url": URL,
+            "progress_window": PROGRESS_WINDOW,
+            "generate_timeout": 60,
+            "fail_on_unhealthy": False,
+        }
+        alone = {"unit": unit, "tp_size": 1, "url": URL, "fail_on_unhealthy": False}
+        for round_number in range(RUNS):
+            with bench.part(f"round {round_number + 1}"):
+                health = json.loads(sh(lab, host, f"python3 - <<'EOF'\n{OPERATOR_HEALTH}\nEOF", timeout=90))
+                bench.sample(
+                    round=round_number,
+                    side="operator",
+                    start=health["start"],
+                    stop=health["stop"],
+                    status=health["status"],
+                    detected=health["status"] != 200,
+                )
+                run, results = run_tasks(
+                    lab,
+                    host,
+                    tmp_path,
+                    bench_probe=full,
+                    bench_progress=alone | {"tiers": ["progress"], "progress_window": PROGRESS_WINDOW},
+                    bench_unit_tier=alone | {"tiers": ["unit"]},
+                )
+                for name, key, side in (
+                    ("Probe", "probe", "collection"),
+                    ("Probe the progress tier alone", "progress", "tier"),
+                    ("Probe the unit tier alone", "unit_tier", "unit_tier"),
+                ):
+                    result = results[key]
+                    bench.sample(
+                        round=round_number,
+                        side=side,
+                        **task_interval(run, name, host),
+                        healthy=result.get("healthy"),
+                        failed_tier=result.get("failed_tier"),
+                        state=result.get("state"),
+                        module_elapsed_s=result.get("elapsed_s"),
+                        reason=str(result.get("reason", ""))[:300],
+                        detected=result.get("failed_tier") == "progress",
+                    )
+                bench.sample(
+                    round=round_number, side="ansible_task", **task_interval(run, "Ansible's own cost of a task", host)
+                )
+    finally:
+        sh(lab, host, "pkill -f '[s]tuck.py'; true")
+    bench.finish()

@@ -1,0 +1,94 @@
+"""tests/bench/write_performance.py: every number from the raw files, the same page from the same files."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+SPEC = importlib.util.spec_from_file_location("write_performance", HERE.parent / "write_performance.py")
+write_performance = importlib.util.module_from_spec(SPEC)
+SPEC.loader.exec_module(write_performance)
+
+
+def test_the_committed_page_is_what_the_committed_data_gives():
+    run, files = write_performance.load_run(None)
+    assert write_performance.OUTPUT.read_text() == write_performance.render(run, files), (
+        "docs/performance.md differs from what tests/bench/write_performance.py computes from "
+        f"docs/performance/{run}/: run it and commit the page"
+    )
+
+
+def benchmark(name: str, settings: dict, samples: list, **extra) -> dict:
+    return {
+        "benchmark": name,
+        "run": "20260102T030405Z",
+        "commit": {"sha": "0123456789abcdef" * 2 + "01234567", "dirty": False},
+        "machine": {"cores": 2, "memory_gib": 23.4, "kernel": "6.1.0", "python": "3.11.2",
+                    "ansible": "ansible [core 2.19.4]", "load_average_at_start": [1.5, 1.2, 1.0]},
+        "lab": {"name": "bench", "hosts": 12, "gpus_per_host": 2},
+        "settings": settings,
+        "rounds": 3,
+        "started": 1767322800.0,
+        "finished": 1767323100.0,
+        "complete": True,
+        "skipped": None,
+        "parts": [{"name": "round 1", "start": 1767322800.0, "stop": 1767322860.0}],
+        "samples": samples,
+        "notes": {},
+    } | extra  # fmt: skip
+
+
+def restart_samples() -> list:
+    samples = []
+    # chain / operator at 10 s load: 11/10, 12/10, 13/10; the baseline's second run failed
+    for round_number, chain in enumerate((11.0, 12.0, 13.0)):
+        common = {"round": round_number, "load_s": 10.0}
+        samples += [
+            common | {"side": "collection", "seconds": chain, "process_start": 0, "process_stop": chain, "ok": True},
+            common | {"side": "operator", "seconds": 10.0, "ok": True},
+            common | {"side": "baseline", "seconds": chain, "ok": round_number != 1, "error": "boom"},
+        ]  # fmt: skip
+    return samples
+
+
+@pytest.fixture
+def data_dir(tmp_path, monkeypatch):
+    run = tmp_path / "performance" / "20260102T030405Z"
+    run.mkdir(parents=True)
+    (run / "restart.json").write_text(
+        json.dumps(benchmark("restart", {"loads_s": [10.0], "baseline_commit": "d" * 40}, restart_samples()))
+    )
+    (run / "rolling_deploy.json").write_text(json.dumps(benchmark("rolling_deploy", {}, [], skipped="no drain yet")))
+    monkeypatch.setattr(write_performance, "DATA", tmp_path / "performance")
+    monkeypatch.setattr(write_performance, "OUTPUT", tmp_path / "performance.md")
+    return tmp_path
+
+
+def test_figures_are_medians_of_the_runs_with_their_spread_and_the_failed_runs_left_out(data_dir):
+    _run, files = write_performance.load_run(None)
+    figures = {figure.key: figure for figure in write_performance.restart_figures(files["restart"])}
+    ratio = figures["restart_10s"]
+    assert ratio.values == pytest.approx([1.1, 1.2, 1.3])
+    assert ratio.stats == pytest.approx({"min": 1.1, "median": 1.2, "max": 1.3, "n": 3})
+    assert ratio.met is False  # target <= 1.1
+    against_baseline = figures["restart_10s_baseline"]
+    assert against_baseline.values == pytest.approx([1.0, 1.0])  # the failed baseline run is not a sample
+    assert any("1 run(s) of side baseline, load_s 10.0 failed: boom" in line for line in against_baseline.context)
+
+
+def test_the_page_is_the_same_from_the_same_files_and_names_what_was_not_measured(data_dir):
+    assert write_performance.main([]) == 0
+    first = (data_dir / "performance.md").read_text()
+    assert write_performance.main(["--check"]) == 0
+    assert write_performance.main([]) == 0
+    assert (data_dir / "performance.md").read_text() == first
+    assert "| Restart at 10 s simulated load: the role's chain / systemctl restart and a /health loop | " \
+           "1.20 [1.10 to 1.30], 3 runs | <= 1.1 | **missed** |" in first  # fmt: skip
+    assert "- Rolling deploy under load: not measured: no drain yet.\n" in first
+    assert "Measured 2026-01-02 03:00 UTC to 2026-01-02 03:05 UTC" in first
+    (data_dir / "performance.md").write_text(first + "edited\n")
+    assert write_performance.main(["--check"]) == 1
