@@ -72,7 +72,18 @@ e2e: deps venv collection-link ## End-to-end tests on lab hosts (root)
 molecule: deps venv collection-link ## Molecule scenarios on lab hosts (root)
 	cd extensions && $(BIN)/molecule test --all
 
-test: deps venv lint sanity units docs ee e2e molecule ## Everything CI runs
+TEST_PARTS := lint sanity units docs ee e2e molecule
+
+test: deps venv ## Everything CI runs, part by part, with each part's duration at the end
+	@summary=""; status=0; \
+	for part in $(TEST_PARTS); do \
+	  start=$$(date +%s); rc=0; \
+	  $(MAKE) --no-print-directory -f $(firstword $(MAKEFILE_LIST)) $$part || rc=$$?; \
+	  note=""; [ $$rc = 0 ] || { note="  FAILED (exit $$rc)"; status=$$rc; }; \
+	  summary="$$summary$$(printf '  %-10s %5d s%s' $$part $$(( $$(date +%s) - start )) "$$note")\n"; \
+	  [ $$rc = 0 ] || break; \
+	done; \
+	printf 'make test, duration of each part:\n%b' "$$summary"; exit $$status
 
 lab-image: deps venv ## Build (or reuse) the cached lab rootfs
 	$(LAB) image
