@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 
 import yaml
-from labutil import install_unit, sh
+from labutil import install_unit, sh, wait_healthy
 
 REPO = Path(__file__).resolve().parents[2]
 LAB_INVENTORY = REPO / "tests" / "lab" / "inventory"
@@ -31,6 +31,7 @@ ENGINE_UNIT_TEXT = """\
 Description=Simulated SGLang engine behind the gateway
 [Service]
 Environment=SGLANG_SIM_DRAIN_TIME=10
+Environment=PATH=/opt/sglang/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin
 ExecStart=/opt/sglang/venv/bin/python -m sglang_sim.launch_server --model-path {model} --tp-size 1 \
  --host 0.0.0.0 --port {port} --api-key {api_key} --enable-metrics --sim-load-time 0.5 --sim-warmup-time 0.2 \
  --sim-token-latency-ms 5
@@ -74,17 +75,7 @@ def gateway_url(address: str) -> str:
 def start_engine(lab, host: str, api_key: str) -> None:
     install_unit(lab, host, ENGINE_UNIT, ENGINE_UNIT_TEXT.format(model=MODEL, port=ENGINE_PORT, api_key=api_key))
     sh(lab, host, f"systemctl restart {ENGINE_UNIT}")
-    script = (
-        "import time, urllib.request\n"
-        "deadline = time.monotonic() + 60\n"
-        "while True:\n"
-        "    try:\n"
-        f"        urllib.request.urlopen('http://127.0.0.1:{ENGINE_PORT}/health', timeout=1); break\n"
-        "    except Exception:\n"
-        "        if time.monotonic() > deadline: raise\n"
-        "        time.sleep(0.05)\n"
-    )
-    sh(lab, host, f"python3 - <<'EOF'\n{script}EOF", timeout=90)
+    wait_healthy(lab, host, ENGINE_PORT, timeout=60)
 
 
 def apply_gateway_role(

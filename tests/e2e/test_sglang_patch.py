@@ -30,6 +30,8 @@ EAGLE_LAB = {"sglang_patch_set_name": "eagle_lab", "sglang_patch_files": [str(EX
 
 # Start the simulated server with a speculative algorithm; print its log once it listens or exits.
 SIM_START = """
+# The venv's bin/ on PATH, as the role's unit has it: the engine compiles its kernels with the venv's ninja.
+export PATH=/opt/sglang/venv/bin:$PATH
 log=$(mktemp)
 {python} -m sglang_sim.launch_server --model-path Qwen/Qwen2.5-7B-Instruct --port 30555 \\
   --speculative-algorithm {algorithm} --speculative-num-steps 2 --speculative-eagle-topk 1 \\
@@ -125,7 +127,7 @@ def test_apply_makes_the_sim_accept_the_new_algorithm_and_restore_brings_the_whe
         assert recap(proc, host)["changed"] == 0
 
         log = sim_log(lab, host, "LLMOPS_DEMO")
-        assert "Uvicorn running" in log and "speculative_algorithm='LLMOPS_DEMO'" in log, log
+        assert "Uvicorn running" in log and "'speculative_algorithm': 'LLMOPS_DEMO'" in log, log
 
         proc, facts = run_role(lab, host, tmp_path, {"sglang_patch_state": "restored"})
         restored = succeeded(proc, host, facts)
