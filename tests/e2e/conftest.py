@@ -46,7 +46,8 @@ exit 0
 PRISTINE_SCRIPT = """
 VENV=/opt/sglang/venv
 $VENV/bin/python -c 'import sys; from sglang_sim import sources as s; sys.exit(bool(s.modified_sources(s.locate())))' \\
-  || $VENV/bin/pip install -q --no-deps --no-index --force-reinstall /var/cache/llmops-lab/wheels/sglang-*.whl
+  || { rm -rf $VENV/lib/python3.11/site-packages/sglang  # a reinstall leaves files the RECORD does not list
+       $VENV/bin/pip install -q --no-deps --no-index --force-reinstall /var/cache/llmops-lab/wheels/sglang-*.whl; }
 """
 
 
