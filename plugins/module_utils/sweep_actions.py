@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 from ansible_collections.llmops.inference.plugins.module_utils.bench import BenchInputError, BenchSettings
+from ansible_collections.llmops.inference.plugins.module_utils.redact import Redactor
 from ansible_collections.llmops.inference.plugins.module_utils.sweep_plan import (
     SweepInputError,
     assign,
@@ -203,7 +204,10 @@ def _bare_point(point: dict) -> dict:
 
 
 def record_levels(params: dict, write: bool = True) -> dict:
-    """Record one level (``concurrency``) or, when a load failed or a level was not run, several (``levels``)."""
+    """Record one level (``concurrency``) or, when a load failed or a level was not run, several (``levels``).
+
+    Every string recorded is redacted: ``api_key`` (the server's key) and the API-key forms of redact.py.
+    """
     levels = params.get("levels") or [params.get("concurrency")]
     if any(level is None for level in levels):
         raise SweepInputError("concurrency", "or levels must name the load level(s) to record")
@@ -232,6 +236,9 @@ def record_levels(params: dict, write: bool = True) -> dict:
         )
         for level in levels
     ]
+    # The journal, the errors and the benchmark's messages may quote the engine's command line or its
+    # server_args: the API key never reaches the results directory (nor the module's result).
+    records = Redactor([params.get("api_key")]).value(records)
     store = ResultsDir(params["results_dir"])
     paths = [store.write_level(record) for record in records] if write else []
     stops = None
