@@ -32,20 +32,10 @@ attributes:
     description:
       - A benchmark only sends generation requests, which change nothing on the server, so it runs unchanged in
         check mode and reports real numbers.
-  diff_mode:
-    support: none
-    description: Nothing is changed, so there is no diff.
-  idempotent:
-    support: full
-    description: Never changes anything; C(changed) is always false.
 extends_documentation_fragment:
+  - llmops.inference.read_only
   - llmops.inference.sglang_server
 options:
-  url:
-    description:
-      - Base URL of the SGLang server.
-    type: str
-    default: http://127.0.0.1:30000
   num_prompts:
     description:
       - Measured requests.

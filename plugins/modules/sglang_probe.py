@@ -56,20 +56,10 @@ attributes:
   check_mode:
     support: full
     description: The probe only reads, so it runs unchanged in check mode; only O(textfile_path) is not written.
-  diff_mode:
-    support: none
-    description: Nothing is changed, so there is no diff.
-  idempotent:
-    support: full
-    description: Never changes anything; C(changed) is always false.
 extends_documentation_fragment:
+  - llmops.inference.read_only
   - llmops.inference.sglang_server
 options:
-  url:
-    description:
-      - Base URL of the SGLang server (its C(--host) and C(--port)).
-    type: str
-    default: http://127.0.0.1:30000
   unit:
     description:
       - The systemd unit that runs the server (C(.service) is added to a name without a unit type).

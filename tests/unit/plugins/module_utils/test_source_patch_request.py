@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
-from sglang_fixture import ALGOS_PATCH, SYNTHETIC_FILES, FakeVenv, run_command, snapshot
+from sglang_fixture import FakeVenv, algos_request, run_command, snapshot
 
 from ansible_collections.llmops.inference.plugins.module_utils.known_good import KnownGoodStore
 from ansible_collections.llmops.inference.plugins.module_utils.source_patch_request import (
@@ -23,21 +23,16 @@ def fake_venv(tmp_path_factory):
 
 @pytest.fixture
 def params(fake_venv, tmp_path):
-    fake_venv.clear()
-    fake_venv.install(SYNTHETIC_FILES)
-    (tmp_path / "algos.diff").write_bytes(ALGOS_PATCH)
+    """Every parameter the module passes, as its argument spec fills them in."""
     return {
-        "python": fake_venv.python,
+        **algos_request(fake_venv, tmp_path),
         "state": "applied",
-        "name": "demo",
-        "patches": [str(tmp_path / "algos.diff")],
         "replacements": [],
         "exclusive": True,
         "backup_id": None,
         "target_state_id": None,
         "known_good_snapshot": None,
         "known_good_root": None,
-        "backup_root": str(tmp_path / "backups"),
         "compile_check": "fail",
         "lock_timeout": 5,
     }
