@@ -318,22 +318,6 @@ from ansible_collections.llmops.inference.plugins.module_utils.module_support im
 )
 from ansible_collections.llmops.inference.plugins.module_utils.sglang import server_argument_spec  # noqa: E402
 
-SETTINGS_OPTIONS = (
-    "url",
-    "num_prompts",
-    "concurrency",
-    "max_new_tokens",
-    "prompt_set",
-    "random_input_len",
-    "seed",
-    "request_timeout",
-    "warmup_requests",
-    "repeats",
-    "ignore_eos",
-    "temperature",
-    "stop_on_failure",
-)
-
 ARGUMENT_SPEC = {
     **server_argument_spec(),
     "num_prompts": {"type": "int", "default": 32},
@@ -357,7 +341,7 @@ def main():
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     params = module.params
     try:
-        settings = BenchSettings(**{name: params[name] for name in SETTINGS_OPTIONS}).validate()
+        settings = BenchSettings(**{name: params[name] for name in BenchSettings.DEFAULTS}).validate()
     except BenchInputError as exc:
         fail_refused_option(module, exc)
 

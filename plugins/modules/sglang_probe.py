@@ -595,33 +595,6 @@ from ansible_collections.llmops.inference.plugins.module_utils.textfile import (
     write_probe_textfile,
 )
 
-# Options handed to ProbeSettings unchanged.
-SETTINGS_OPTIONS = (
-    "url",
-    "unit",
-    "tiers",
-    "prompt",
-    "max_new_tokens",
-    "timeout",
-    "generate_timeout",
-    "expected_model",
-    "expect_regex",
-    "min_gpu_memory_mib",
-    "expected_gpus",
-    "tp_size",
-    "min_tokens_per_s",
-    "min_accept_length",
-    "min_distinct_ratio",
-    "stability_window",
-    "wait_timeout",
-    "poll_interval",
-    "progress_window",
-    "progress_require_metrics",
-    "soak_requests",
-    "soak_max_new_tokens",
-    "unaccounted_threshold_mib",
-)
-
 ARGUMENT_SPEC = dict(
     server_argument_spec(),
     unit=dict(type="str"),
@@ -656,7 +629,7 @@ def main():
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     params = module.params
     try:
-        settings = ProbeSettings(**{name: params[name] for name in SETTINGS_OPTIONS}).validate()
+        settings = ProbeSettings(**{name: params[name] for name in ProbeSettings.DEFAULTS}).validate()
         if params["textfile_path"]:
             with refused_as("textfile_path", ProbeInputError):
                 validate_textfile_path(params["textfile_path"])
