@@ -47,17 +47,12 @@ from ansible_collections.llmops.inference.plugins.module_utils.sweep_report impo
 )
 from ansible_collections.llmops.inference.plugins.module_utils.sweep_store import ResultsDir
 
-BENCH_DEFAULTS = {
-    "num_prompts": 32,
-    "concurrency": 8,
-    "max_new_tokens": 128,
-    "prompt_set": "builtin",
-    "random_input_len": 256,
-    "seed": 0,
-    "request_timeout": 120.0,
-    "ignore_eos": True,
-    "temperature": 0.0,
-}
+# The sglang_bench options a sweep sets for every run (sweep_bench), with that module's defaults.
+SWEEP_BENCH_OPTIONS = (
+    "num_prompts", "concurrency", "max_new_tokens", "prompt_set", "random_input_len", "seed", "request_timeout",
+    "ignore_eos", "temperature",
+)  # fmt: skip
+BENCH_DEFAULTS = {name: BenchSettings.DEFAULTS[name] for name in SWEEP_BENCH_OPTIONS}
 REPORT_FILES = {
     "json": "results.json",
     "csv": "results.csv",

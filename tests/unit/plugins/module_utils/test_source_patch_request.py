@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
-from sglang_fixture import FakeVenv, algos_request, run_command, snapshot
+from sglang_fixture import algos_request, run_command, snapshot
 
 from ansible_collections.llmops.inference.plugins.module_utils.known_good import KnownGoodStore
 from ansible_collections.llmops.inference.plugins.module_utils.source_patch_request import (
@@ -14,11 +14,6 @@ from ansible_collections.llmops.inference.plugins.module_utils.source_patch_requ
     run,
 )
 from ansible_collections.llmops.inference.plugins.module_utils.source_patcher import SourcePatchError
-
-
-@pytest.fixture(scope="module")
-def fake_venv(tmp_path_factory):
-    return FakeVenv(tmp_path_factory.mktemp("venv"))
 
 
 @pytest.fixture

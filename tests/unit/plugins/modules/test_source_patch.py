@@ -13,18 +13,13 @@ from ansible_collections.llmops.inference.plugins.module_utils.known_good import
 from ansible_collections.llmops.inference.plugins.modules import source_patch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "module_utils"))
-from sglang_fixture import FakeVenv, algos_request, snapshot
+from sglang_fixture import algos_request, snapshot
 
 
 def run_module(capsys, args: dict) -> dict:
     with patch_module_args(args), pytest.raises(SystemExit):
         source_patch.main()
     return json.loads(capsys.readouterr().out)
-
-
-@pytest.fixture(scope="module")
-def fake_venv(tmp_path_factory):
-    return FakeVenv(tmp_path_factory.mktemp("venv"))
 
 
 @pytest.fixture
