@@ -253,9 +253,9 @@ options:
     elements: str
   api_key:
     description:
-      - For O(action=record). The server's API key; it is masked, with the API-key forms (C(api_key='...'),
+      - "For O(action=record). The server's API key; it is masked, with the API-key forms (C(api_key='...'),
         C(--api-key ...), C(api-key: ...), C(Authorization: Bearer ...)) whatever their value, in everything
-        recorded (O(journal), O(error), O(gate), O(benchmark)) and returned.
+        recorded (O(journal), O(error), O(gate), O(benchmark)) and returned."
     type: str
   plot:
     description:
