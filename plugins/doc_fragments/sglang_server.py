@@ -6,9 +6,15 @@ from __future__ import annotations
 
 
 class ModuleDocFragment:
-    # How a module authenticates to an SGLang server at its O(url); the argument spec is sglang.server_argument_spec().
+    # How a module reaches an SGLang server; the argument spec is sglang.server_argument_spec().
     DOCUMENTATION = r"""
 options:
+  url:
+    description:
+      - Base URL of the SGLang server (its C(--host) and C(--port)), as the module reaches it from the host it runs
+        on.
+    type: str
+    default: http://127.0.0.1:30000
   api_key:
     description:
       - "The server's C(--api-key), sent as C(Authorization: Bearer <key>)."

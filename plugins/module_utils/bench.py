@@ -37,8 +37,13 @@ import time
 from collections import Counter
 
 from ansible_collections.llmops.inference.plugins.module_utils.bench_prompts import builtin_prompts, random_prompts
-from ansible_collections.llmops.inference.plugins.module_utils.module_support import PrefixedOptionError, refused_as
+from ansible_collections.llmops.inference.plugins.module_utils.module_support import (
+    OptionSet,
+    PrefixedOptionError,
+    refused_as,
+)
 from ansible_collections.llmops.inference.plugins.module_utils.sglang import (
+    DEFAULT_URL,
     SglangClient,
     SglangError,
     validate_url,
@@ -334,38 +339,24 @@ def run_requests(send, prompts: list, concurrency: int, clock=time.monotonic, st
     return [result for result in results if result is not None], clock() - started
 
 
-class BenchSettings:
+class BenchSettings(OptionSet):
     """The benchmark's inputs, validated; ``validate()`` raises BenchInputError naming the option."""
 
-    def __init__(
-        self,
-        url: str = "http://127.0.0.1:30000",
-        num_prompts: int = 32,
-        concurrency: int = 8,
-        max_new_tokens: int = 128,
-        prompt_set: str = "builtin",
-        random_input_len: int = 256,
-        seed: int = 0,
-        request_timeout: float = 120.0,
-        warmup_requests: int = 1,
-        repeats: int = 1,
-        ignore_eos: bool = True,
-        temperature: float = 0.0,
-        stop_on_failure: bool = False,
-    ):
-        self.url = url
-        self.num_prompts = num_prompts
-        self.concurrency = concurrency
-        self.max_new_tokens = max_new_tokens
-        self.prompt_set = prompt_set
-        self.random_input_len = random_input_len
-        self.seed = seed
-        self.request_timeout = request_timeout
-        self.warmup_requests = warmup_requests
-        self.repeats = repeats
-        self.ignore_eos = ignore_eos
-        self.temperature = temperature
-        self.stop_on_failure = stop_on_failure
+    DEFAULTS = {
+        "url": DEFAULT_URL,
+        "num_prompts": 32,
+        "concurrency": 8,
+        "max_new_tokens": 128,
+        "prompt_set": "builtin",
+        "random_input_len": 256,
+        "seed": 0,
+        "request_timeout": 120.0,
+        "warmup_requests": 1,
+        "repeats": 1,
+        "ignore_eos": True,
+        "temperature": 0.0,
+        "stop_on_failure": False,
+    }
 
     def validate(self) -> BenchSettings:
         with refused_as("url", BenchInputError):

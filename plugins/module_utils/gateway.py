@@ -28,6 +28,7 @@ import json
 import re
 import socket
 import time
+from dataclasses import dataclass
 from urllib.error import HTTPError, URLError
 from urllib.parse import quote, urlencode, urlparse
 
@@ -388,15 +389,15 @@ class GatewayView:
         }
 
 
+@dataclass
 class MembershipResult:
     """The outcome on every gateway; ``diff`` maps each gateway to its worker URLs before and after."""
 
-    def __init__(self, worker_url: str, state: str, views: list, check_mode: bool, warnings: list):
-        self.worker_url = worker_url
-        self.state = state
-        self.views = views
-        self.check_mode = check_mode
-        self.warnings = warnings
+    worker_url: str
+    state: str
+    views: list
+    check_mode: bool
+    warnings: list
 
     @property
     def changed(self) -> bool:

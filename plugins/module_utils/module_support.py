@@ -1,7 +1,8 @@
 # Copyright: (c) 2025, llmops.inference contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""What the collection's modules share: refused options that name themselves, and running commands.
+"""What the collection's modules share: option sets with defaults, refused options that name themselves, and
+running commands.
 
 Private to the llmops.inference collection; not a public API. Imports nothing of Ansible's: the helpers
 that act on an AnsibleModule take it as an argument.
@@ -25,6 +26,20 @@ class PrefixedOptionError(OptionError):
 
     def __init__(self, option: str, message: str):
         super().__init__(option, f"{option}: {message}")
+
+
+class OptionSet:
+    """Options given as keywords, each with its default in the class's ``DEFAULTS``; an unknown one is a
+    TypeError. A module hands on ``{name: params[name] for name in DEFAULTS}``."""
+
+    DEFAULTS = {}
+
+    def __init__(self, **options):
+        unknown = sorted(set(options) - set(self.DEFAULTS))
+        if unknown:
+            raise TypeError(f"{type(self).__name__}() got unknown options: {', '.join(unknown)}")
+        for name, value in dict(self.DEFAULTS, **options).items():
+            setattr(self, name, value)
 
 
 @contextmanager

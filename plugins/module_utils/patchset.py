@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import difflib
 import re
+from dataclasses import dataclass
 
 DEV_NULL = "/dev/null"
 _HUNK_HEADER = re.compile(rb"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
@@ -61,13 +62,13 @@ class HunkLine:
         self.newline = newline
 
 
+@dataclass
 class Hunk:
-    def __init__(self, old_start: int, old_count: int, new_start: int, new_count: int, lines: list):
-        self.old_start = old_start
-        self.old_count = old_count
-        self.new_start = new_start
-        self.new_count = new_count
-        self.lines = lines
+    old_start: int
+    old_count: int
+    new_start: int
+    new_count: int
+    lines: list  # [HunkLine]
 
     @property
     def header(self) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 
 from ansible_collections.llmops.inference.plugins.module_utils.degenerate import DEFAULT_MIN_DISTINCT_RATIO
-from ansible_collections.llmops.inference.plugins.module_utils.module_support import OptionError, refused_as
+from ansible_collections.llmops.inference.plugins.module_utils.module_support import OptionError, OptionSet, refused_as
 from ansible_collections.llmops.inference.plugins.module_utils.sglang import DEFAULT_URL, validate_url
 from ansible_collections.llmops.inference.plugins.module_utils.systemd import normalize_unit_name
 
@@ -47,61 +47,52 @@ class ProbeInputError(OptionError):
     """An option is wrong; ``option`` names it and the message says what is accepted."""
 
 
-class ProbeSettings:
-    """The probe's options with their defaults; :meth:`validate` names any option that is wrong."""
+# Every probe option with its default.
+SETTINGS_DEFAULTS = {
+    "url": DEFAULT_URL,
+    "unit": None,
+    "tiers": None,  # every tier
+    "prompt": DEFAULT_PROMPT,
+    "max_new_tokens": DEFAULT_MAX_NEW_TOKENS,
+    "timeout": 10.0,
+    "generate_timeout": 60.0,
+    "expected_model": None,
+    "expect_regex": None,
+    "min_gpu_memory_mib": DEFAULT_MIN_GPU_MEMORY_MIB,
+    "expected_gpus": None,
+    "tp_size": None,
+    "min_tokens_per_s": None,
+    "min_accept_length": None,
+    "min_distinct_ratio": DEFAULT_MIN_DISTINCT_RATIO,
+    "stability_window": 0.0,
+    "wait_timeout": 0.0,
+    "poll_interval": MAX_POLL_INTERVAL,
+    "progress_window": None,
+    "progress_require_metrics": False,
+    "soak_requests": 0,
+    "soak_max_new_tokens": DEFAULT_SOAK_MAX_NEW_TOKENS,
+    "unaccounted_threshold_mib": DEFAULT_UNACCOUNTED_THRESHOLD_MIB,
+}
 
-    def __init__(
-        self,
-        *,
-        url=DEFAULT_URL,
-        unit=None,
-        tiers=None,
-        prompt=DEFAULT_PROMPT,
-        max_new_tokens=DEFAULT_MAX_NEW_TOKENS,
-        timeout=10.0,
-        generate_timeout=60.0,
-        expected_model=None,
-        expect_regex=None,
-        min_gpu_memory_mib=DEFAULT_MIN_GPU_MEMORY_MIB,
-        expected_gpus=None,
-        tp_size=None,
-        min_tokens_per_s=None,
-        min_accept_length=None,
-        min_distinct_ratio=DEFAULT_MIN_DISTINCT_RATIO,
-        stability_window=0.0,
-        wait_timeout=0.0,
-        poll_interval=MAX_POLL_INTERVAL,
-        progress_window=None,
-        progress_require_metrics=False,
-        soak_requests=0,
-        soak_max_new_tokens=DEFAULT_SOAK_MAX_NEW_TOKENS,
-        unaccounted_threshold_mib=DEFAULT_UNACCOUNTED_THRESHOLD_MIB,
-    ):
-        self.url = url
-        self.unit = unit or None
-        self.tiers = list(TIER_NAMES) if tiers is None else list(tiers)
-        self.prompt = prompt
-        self.max_new_tokens = max_new_tokens
-        self.timeout = timeout
-        self.generate_timeout = generate_timeout
-        self.expected_model = expected_model or None
-        self.expect_regex = expect_regex or None
-        self.min_gpu_memory_mib = min_gpu_memory_mib
-        self.expected_gpus = expected_gpus
-        self.tp_size = tp_size
-        self.min_tokens_per_s = min_tokens_per_s
-        self.min_accept_length = min_accept_length
-        self.min_distinct_ratio = min_distinct_ratio
-        self.stability_window = stability_window
-        self.wait_timeout = wait_timeout
-        self.poll_interval = poll_interval
-        self.progress_window = progress_window
-        self.progress_require_metrics = bool(progress_require_metrics)
-        self.soak_requests = 0 if soak_requests is None else soak_requests
-        self.soak_max_new_tokens = DEFAULT_SOAK_MAX_NEW_TOKENS if soak_max_new_tokens is None else soak_max_new_tokens
-        self.unaccounted_threshold_mib = (
-            DEFAULT_UNACCOUNTED_THRESHOLD_MIB if unaccounted_threshold_mib is None else unaccounted_threshold_mib
-        )
+
+class ProbeSettings(OptionSet):
+    """The probe's options (SETTINGS_DEFAULTS, as keywords); :meth:`validate` names any option that is wrong."""
+
+    DEFAULTS = SETTINGS_DEFAULTS
+
+    def __init__(self, **options):
+        super().__init__(**options)
+        self.unit = self.unit or None
+        self.tiers = list(TIER_NAMES) if self.tiers is None else list(self.tiers)
+        self.expected_model = self.expected_model or None
+        self.expect_regex = self.expect_regex or None
+        self.progress_require_metrics = bool(self.progress_require_metrics)
+        if self.soak_requests is None:
+            self.soak_requests = 0
+        if self.soak_max_new_tokens is None:
+            self.soak_max_new_tokens = DEFAULT_SOAK_MAX_NEW_TOKENS
+        if self.unaccounted_threshold_mib is None:
+            self.unaccounted_threshold_mib = DEFAULT_UNACCOUNTED_THRESHOLD_MIB
         self.gpu_count = None
         self.gpu_selectors = None
         self.pattern = None

@@ -34,7 +34,7 @@ LABEL_ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
 def server_argument_spec() -> dict:
     """Argument spec of the options that reach the server: ``url``, ``api_key``, ``validate_certs``.
 
-    A module documents them with the ``llmops.inference.sglang_server`` doc fragment, and ``url`` itself.
+    A module documents them with the ``llmops.inference.sglang_server`` doc fragment.
     """
     return {
         "url": {"type": "str", "default": DEFAULT_URL},

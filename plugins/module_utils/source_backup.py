@@ -127,6 +127,13 @@ class FileRecord:
         )
 
 
+# The manifest's fields a backup listing shows (with the paths of its files).
+SUMMARY_KEYS = (
+    "backup_id", "name", "state", "created", "sglang_version", "package_dir", "state_id_before", "state_id_after",
+    "adopted",
+)  # fmt: skip
+
+
 @dataclass
 class Manifest:
     backup_id: str
@@ -171,18 +178,10 @@ class Manifest:
         return cls(**values)
 
     def summary(self) -> dict:
-        return {
-            "backup_id": self.backup_id,
-            "name": self.name,
-            "state": self.state,
-            "created": self.created,
-            "sglang_version": self.sglang_version,
-            "package_dir": self.package_dir,
-            "state_id_before": self.state_id_before,
-            "state_id_after": self.state_id_after,
-            "files": [record.path for record in self.files],
-            "adopted": self.adopted,
-        }
+        """What a listing shows of the backup: its identity, states and the paths of its files."""
+        summary = {key: getattr(self, key) for key in SUMMARY_KEYS}
+        summary["files"] = [record.path for record in self.files]
+        return summary
 
 
 class BackupStore:

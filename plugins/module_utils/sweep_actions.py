@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 from ansible_collections.llmops.inference.plugins.module_utils.bench import BenchInputError, BenchSettings
+from ansible_collections.llmops.inference.plugins.module_utils.redact import Redactor
 from ansible_collections.llmops.inference.plugins.module_utils.sweep_plan import (
     SweepInputError,
     assign,
@@ -46,17 +47,12 @@ from ansible_collections.llmops.inference.plugins.module_utils.sweep_report impo
 )
 from ansible_collections.llmops.inference.plugins.module_utils.sweep_store import ResultsDir
 
-BENCH_DEFAULTS = {
-    "num_prompts": 32,
-    "concurrency": 8,
-    "max_new_tokens": 128,
-    "prompt_set": "builtin",
-    "random_input_len": 256,
-    "seed": 0,
-    "request_timeout": 120.0,
-    "ignore_eos": True,
-    "temperature": 0.0,
-}
+# The sglang_bench options a sweep sets for every run (sweep_bench), with that module's defaults.
+SWEEP_BENCH_OPTIONS = (
+    "num_prompts", "concurrency", "max_new_tokens", "prompt_set", "random_input_len", "seed", "request_timeout",
+    "ignore_eos", "temperature",
+)  # fmt: skip
+BENCH_DEFAULTS = {name: BenchSettings.DEFAULTS[name] for name in SWEEP_BENCH_OPTIONS}
 REPORT_FILES = {
     "json": "results.json",
     "csv": "results.csv",
@@ -203,7 +199,10 @@ def _bare_point(point: dict) -> dict:
 
 
 def record_levels(params: dict, write: bool = True) -> dict:
-    """Record one level (``concurrency``) or, when a load failed or a level was not run, several (``levels``)."""
+    """Record one level (``concurrency``) or, when a load failed or a level was not run, several (``levels``).
+
+    Every string recorded is redacted: ``api_key`` (the server's key) and the API-key forms of redact.py.
+    """
     levels = params.get("levels") or [params.get("concurrency")]
     if any(level is None for level in levels):
         raise SweepInputError("concurrency", "or levels must name the load level(s) to record")
@@ -232,6 +231,9 @@ def record_levels(params: dict, write: bool = True) -> dict:
         )
         for level in levels
     ]
+    # The journal, the errors and the benchmark's messages may quote the engine's command line or its
+    # server_args: the API key never reaches the results directory (nor the module's result).
+    records = Redactor([params.get("api_key")]).value(records)
     store = ResultsDir(params["results_dir"])
     paths = [store.write_level(record) for record in records] if write else []
     stops = None

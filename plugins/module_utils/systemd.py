@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 SHOW_PROPERTIES = (
     "Id",
@@ -136,17 +136,8 @@ class UnitState:
         )
 
     def as_dict(self) -> dict:
-        return {
-            "name": self.name,
-            "load_state": self.load_state,
-            "active_state": self.active_state,
-            "sub_state": self.sub_state,
-            "result": self.result,
-            "main_pid": self.main_pid,
-            "n_restarts": self.n_restarts,
-            "control_group": self.control_group,
-            "exec_main_status": self.exec_main_status,
-        }
+        """Every field but the raw ``properties``."""
+        return {item.name: getattr(self, item.name) for item in fields(self) if item.name != "properties"}
 
 
 def systemd_booted(root: str = "/") -> bool:

@@ -116,6 +116,10 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+msg:
+  description: What was done.
+  returned: always
+  type: str
 current:
   description: With O(state=info), the manifest of the current snapshot (null when absent) - C(files) (name to
     C(path), C(sha256), C(mode)), C(patch_state_id), C(saved_at), C(verified_at), C(sources) and what the restart
@@ -180,10 +184,6 @@ pruned:
   returned: with O(state=saved)
   type: list
   elements: str
-msg:
-  description: What was done.
-  returned: always
-  type: str
 """
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402 - Ansible modules import after their docs

@@ -32,20 +32,10 @@ attributes:
     description:
       - A benchmark only sends generation requests, which change nothing on the server, so it runs unchanged in
         check mode and reports real numbers.
-  diff_mode:
-    support: none
-    description: Nothing is changed, so there is no diff.
-  idempotent:
-    support: full
-    description: Never changes anything; C(changed) is always false.
 extends_documentation_fragment:
+  - llmops.inference.read_only
   - llmops.inference.sglang_server
 options:
-  url:
-    description:
-      - Base URL of the SGLang server.
-    type: str
-    default: http://127.0.0.1:30000
   num_prompts:
     description:
       - Measured requests.
@@ -328,22 +318,6 @@ from ansible_collections.llmops.inference.plugins.module_utils.module_support im
 )
 from ansible_collections.llmops.inference.plugins.module_utils.sglang import server_argument_spec  # noqa: E402
 
-SETTINGS_OPTIONS = (
-    "url",
-    "num_prompts",
-    "concurrency",
-    "max_new_tokens",
-    "prompt_set",
-    "random_input_len",
-    "seed",
-    "request_timeout",
-    "warmup_requests",
-    "repeats",
-    "ignore_eos",
-    "temperature",
-    "stop_on_failure",
-)
-
 ARGUMENT_SPEC = {
     **server_argument_spec(),
     "num_prompts": {"type": "int", "default": 32},
@@ -367,7 +341,7 @@ def main():
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     params = module.params
     try:
-        settings = BenchSettings(**{name: params[name] for name in SETTINGS_OPTIONS}).validate()
+        settings = BenchSettings(**{name: params[name] for name in BenchSettings.DEFAULTS}).validate()
     except BenchInputError as exc:
         fail_refused_option(module, exc)
 

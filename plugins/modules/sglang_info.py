@@ -23,12 +23,8 @@ attributes:
   check_mode:
     support: full
     description: Only reads; runs the same in check mode.
-  diff_mode:
-    support: none
-    description: Nothing is changed.
-  idempotent:
-    support: full
-    description: Never changes anything.
+extends_documentation_fragment:
+  - llmops.inference.read_only
 options:
   python:
     description: The absolute path of the interpreter that runs SGLang.

@@ -56,20 +56,10 @@ attributes:
   check_mode:
     support: full
     description: The probe only reads, so it runs unchanged in check mode; only O(textfile_path) is not written.
-  diff_mode:
-    support: none
-    description: Nothing is changed, so there is no diff.
-  idempotent:
-    support: full
-    description: Never changes anything; C(changed) is always false.
 extends_documentation_fragment:
+  - llmops.inference.read_only
   - llmops.inference.sglang_server
 options:
-  url:
-    description:
-      - Base URL of the SGLang server (its C(--host) and C(--port)).
-    type: str
-    default: http://127.0.0.1:30000
   unit:
     description:
       - The systemd unit that runs the server (C(.service) is added to a name without a unit type).
@@ -605,33 +595,6 @@ from ansible_collections.llmops.inference.plugins.module_utils.textfile import (
     write_probe_textfile,
 )
 
-# Options handed to ProbeSettings unchanged.
-SETTINGS_OPTIONS = (
-    "url",
-    "unit",
-    "tiers",
-    "prompt",
-    "max_new_tokens",
-    "timeout",
-    "generate_timeout",
-    "expected_model",
-    "expect_regex",
-    "min_gpu_memory_mib",
-    "expected_gpus",
-    "tp_size",
-    "min_tokens_per_s",
-    "min_accept_length",
-    "min_distinct_ratio",
-    "stability_window",
-    "wait_timeout",
-    "poll_interval",
-    "progress_window",
-    "progress_require_metrics",
-    "soak_requests",
-    "soak_max_new_tokens",
-    "unaccounted_threshold_mib",
-)
-
 ARGUMENT_SPEC = dict(
     server_argument_spec(),
     unit=dict(type="str"),
@@ -666,7 +629,7 @@ def main():
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     params = module.params
     try:
-        settings = ProbeSettings(**{name: params[name] for name in SETTINGS_OPTIONS}).validate()
+        settings = ProbeSettings(**{name: params[name] for name in ProbeSettings.DEFAULTS}).validate()
         if params["textfile_path"]:
             with refused_as("textfile_path", ProbeInputError):
                 validate_textfile_path(params["textfile_path"])

@@ -68,11 +68,6 @@ options:
       - The systemd unit that runs the server (C(.service) is added to a name without a unit type).
     type: str
     required: true
-  url:
-    description:
-      - Base URL of the server, as the gate reaches it on the host.
-    type: str
-    default: http://127.0.0.1:30000
   gpus:
     description:
       - The unit's GPUs, by index or UUID (C(GPU-...), C(MIG-...)), as its C(CUDA_VISIBLE_DEVICES) places the engine.

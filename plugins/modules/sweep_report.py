@@ -251,6 +251,12 @@ options:
       - For O(action=record). The unit's last journal lines, kept with a failed level.
     type: list
     elements: str
+  api_key:
+    description:
+      - "For O(action=record). The server's API key; it is masked, with the API-key forms (C(api_key='...'),
+        C(--api-key ...), C(api-key: ...), C(Authorization: Bearer ...)) whatever their value, in everything
+        recorded (O(journal), O(error), O(gate), O(benchmark)) and returned."
+    type: str
   plot:
     description:
       - For O(action=report). Write the plots when matplotlib can be imported.
@@ -478,6 +484,7 @@ ARGUMENT_SPEC = {
     "not_run": {"type": "str"},
     "first_failure": {"type": "str"},
     "journal": {"type": "list", "elements": "str"},
+    "api_key": {"type": "str", "no_log": True},
     "plot": {"type": "bool", "default": True},
 }
 REQUIRED_BY_ACTION = {

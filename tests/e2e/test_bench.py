@@ -38,7 +38,6 @@ from labutil import install_unit, sh
 
 pytestmark = pytest.mark.bench
 
-REPO = Path(__file__).resolve().parents[2]
 MODEL = "Qwen/Qwen3-8B"  # the hung engine's
 RESTART_LOADS = [float(value) for value in os.environ.get("LLMOPS_BENCH_RESTART_LOADS", "10,1").split(",")]
 REAP_GRACE = 2.0

@@ -20,6 +20,7 @@ from benchdata import (
     BENCH_DIR,
     LAB_INVENTORY,
     OPERATOR_UNIT,
+    REPO,
     RUNS,
     UNIT,
     URL,
@@ -36,7 +37,6 @@ from labutil import sh
 
 pytestmark = pytest.mark.bench
 
-REPO = Path(__file__).resolve().parents[2]
 PLAYBOOK = REPO / "playbooks" / "spec_sweep.yml"
 STEPS = [int(value) for value in os.environ.get("LLMOPS_BENCH_SWEEP_STEPS", "1,2,3,4,5,6").split(",")]
 LOAD_S = os.environ.get("LLMOPS_BENCH_SWEEP_LOAD_S", "5")

@@ -145,9 +145,9 @@ def speedup(
     running: int = 1,
     batch_slowdown: float = DEFAULT_BATCH_SLOWDOWN,
 ) -> float:
-    """Decode throughput relative to no speculation at the same batch size."""
-    cost = step_cost(steps, topk, draft_tokens, params, running, batch_slowdown)
-    return accept_length(steps, topk, draft_tokens, params) * plain_step_cost(running, batch_slowdown) / cost
+    """Decode throughput relative to no speculation at the same batch size (`running` tokens per plain step)."""
+    plain = max(running, 1) / plain_step_cost(running, batch_slowdown)
+    return throughput(steps, topk, draft_tokens, params, running, batch_slowdown) / plain
 
 
 def throughput(

@@ -327,41 +327,20 @@ static nvmlReturn_t running_processes(nvmlDevice_t device, unsigned int *infoCou
     return NVML_SUCCESS;
 }
 
-nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device, unsigned int *infoCount,
-                                                  nvmlProcessInfo_v1_t *infos)
-{
-    return running_processes(device, infoCount, infos, 1, 0);
-}
+/* Every name nvml.h exports the two process lists under: the unversioned one fills the v1 record (no instance
+ * ids), _v2 and _v3 fill nvmlProcessInfo_t. */
+#define SIM_PROCESS_LIST(name, info_type, v1_layout, graphics)                                                  \
+    nvmlReturn_t name(nvmlDevice_t device, unsigned int *infoCount, info_type *infos)                           \
+    {                                                                                                           \
+        return running_processes(device, infoCount, infos, v1_layout, graphics);                                \
+    }
 
-nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device, unsigned int *infoCount,
-                                                     nvmlProcessInfo_t *infos)
-{
-    return running_processes(device, infoCount, infos, 0, 0);
-}
-
-nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
-                                                     nvmlProcessInfo_t *infos)
-{
-    return running_processes(device, infoCount, infos, 0, 0);
-}
-
-nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses(nvmlDevice_t device, unsigned int *infoCount,
-                                                   nvmlProcessInfo_v1_t *infos)
-{
-    return running_processes(device, infoCount, infos, 1, 1);
-}
-
-nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t device, unsigned int *infoCount,
-                                                      nvmlProcessInfo_t *infos)
-{
-    return running_processes(device, infoCount, infos, 0, 1);
-}
-
-nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
-                                                      nvmlProcessInfo_t *infos)
-{
-    return running_processes(device, infoCount, infos, 0, 1);
-}
+SIM_PROCESS_LIST(nvmlDeviceGetComputeRunningProcesses, nvmlProcessInfo_v1_t, 1, 0)
+SIM_PROCESS_LIST(nvmlDeviceGetComputeRunningProcesses_v2, nvmlProcessInfo_t, 0, 0)
+SIM_PROCESS_LIST(nvmlDeviceGetComputeRunningProcesses_v3, nvmlProcessInfo_t, 0, 0)
+SIM_PROCESS_LIST(nvmlDeviceGetGraphicsRunningProcesses, nvmlProcessInfo_v1_t, 1, 1)
+SIM_PROCESS_LIST(nvmlDeviceGetGraphicsRunningProcesses_v2, nvmlProcessInfo_t, 0, 1)
+SIM_PROCESS_LIST(nvmlDeviceGetGraphicsRunningProcesses_v3, nvmlProcessInfo_t, 0, 1)
 
 /* -- MIG (nvml.h: Ampere or newer, Linux only; the simulated H100s support it) ----------------------------- */
 

@@ -228,22 +228,46 @@ static void print_cell(unsigned position, const struct field *field, const char 
         printf(" %s", unit);
 }
 
-int smi_query_gpus(const struct smi_gpus *gpus, const char *list, const struct smi_format *format)
-{
+/* One --query-* run: the fields asked for, resolved against one table, and the output format. */
+struct query {
     const struct field *fields[MAX_FIELDS];
     unsigned count;
-    char cell[CELL_SIZE];
-    if (!parse_fields(list, gpu_fields, fields, &count))
-        return SMI_EXIT_INVALID_ARGUMENT;
+    const struct smi_format *format;
+};
+
+/* Resolves the fields and prints the header line when asked; 0 when a field is unknown (reported). */
+static int start_query(struct query *query, const char *list, const struct field *known,
+                       const struct smi_format *format)
+{
+    query->format = format;
+    if (!parse_fields(list, known, query->fields, &query->count))
+        return 0;
     if (format->header)
-        print_header(fields, count);
-    for (unsigned g = 0; g < gpus->count; g++) {
-        for (unsigned i = 0; i < count; i++) {
-            fields[i]->gpu_value(gpus->handles[g], cell);
-            print_cell(i, fields[i], cell, format);
-        }
-        printf("\n");
+        print_header(query->fields, query->count);
+    return 1;
+}
+
+/* One CSV line: a GPU's fields (row NULL) or one of its processes' fields. */
+static void print_row(const struct query *query, nvmlDevice_t device, const struct app_row *row)
+{
+    char cell[CELL_SIZE];
+    for (unsigned i = 0; i < query->count; i++) {
+        if (row)
+            query->fields[i]->app_value(row, cell);
+        else
+            query->fields[i]->gpu_value(device, cell);
+        print_cell(i, query->fields[i], cell, query->format);
     }
+    printf("\n");
+}
+
+int smi_query_gpus(const struct smi_gpus *gpus, const char *list, const struct smi_format *format)
+{
+    struct query query;
+    if (!start_query(&query, list, gpu_fields, format))
+        return SMI_EXIT_INVALID_ARGUMENT;
+    for (unsigned g = 0; g < gpus->count; g++)
+        print_row(&query, gpus->handles[g], NULL);
     return 0;
 }
 
@@ -273,23 +297,15 @@ static nvmlProcessInfo_t *compute_processes(nvmlDevice_t device, unsigned *count
 
 int smi_query_compute_apps(const struct smi_gpus *gpus, const char *list, const struct smi_format *format)
 {
-    const struct field *fields[MAX_FIELDS];
-    unsigned count;
-    char cell[CELL_SIZE];
-    if (!parse_fields(list, app_fields, fields, &count))
+    struct query query;
+    if (!start_query(&query, list, app_fields, format))
         return SMI_EXIT_INVALID_ARGUMENT;
-    if (format->header)
-        print_header(fields, count);
     for (unsigned g = 0; g < gpus->count; g++) {
         unsigned n;
         nvmlProcessInfo_t *infos = compute_processes(gpus->handles[g], &n);
         for (unsigned p = 0; p < n; p++) {
             struct app_row row = {gpus->handles[g], infos[p]};
-            for (unsigned i = 0; i < count; i++) {
-                fields[i]->app_value(&row, cell);
-                print_cell(i, fields[i], cell, format);
-            }
-            printf("\n");
+            print_row(&query, gpus->handles[g], &row);
         }
         free(infos);
     }

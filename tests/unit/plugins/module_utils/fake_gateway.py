@@ -18,7 +18,9 @@ control-plane call needs ``Authorization: Bearer <key>`` (401 otherwise).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
 import threading
 import time
 import uuid
@@ -243,3 +245,27 @@ class FakeGateway:
             self.workers = {key: entry for key, entry in self.workers.items() if entry["url"] != url}
             return 200, f"Successfully removed worker: {url}"
         return 404, ""
+
+
+@contextlib.contextmanager
+def started_gateways():
+    """``make(dialect="smg", **kwargs)`` starts a FakeGateway; every one started stops when the block ends."""
+    started = []
+
+    def make(dialect="smg", **kwargs):
+        fake = FakeGateway(dialect, **kwargs).start()
+        started.append(fake)
+        return fake
+
+    try:
+        yield make
+    finally:
+        for fake in started:
+            fake.stop()
+
+
+def closed_port_url() -> str:
+    """A loopback URL nothing listens on (the port was free a moment ago)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"

@@ -165,3 +165,17 @@ def snapshot(site: Path) -> dict:
         for path in sorted(root.rglob("*"))
         if path.is_file() and "__pycache__" not in path.parts
     }
+
+
+def algos_request(venv: FakeVenv, work: Path) -> dict:
+    """A fresh synthetic sglang in ``venv`` and the source_patch options that apply ALGOS_PATCH to it as ``demo``
+    (the patch file and the backups under ``work``)."""
+    venv.clear()
+    venv.install(SYNTHETIC_FILES)
+    (work / "algos.diff").write_bytes(ALGOS_PATCH)
+    return {
+        "python": venv.python,
+        "name": "demo",
+        "patches": [str(work / "algos.diff")],
+        "backup_root": str(work / "backups"),
+    }

@@ -21,11 +21,6 @@ from ansible_collections.llmops.inference.plugins.module_utils.bench import (
     run_benchmark,
     run_requests,
 )
-from ansible_collections.llmops.inference.plugins.module_utils.bench_prompts import (
-    BUILTIN_PROMPTS,
-    builtin_prompts,
-    random_prompts,
-)
 
 
 @pytest.fixture
@@ -295,15 +290,6 @@ def test_run_benchmark_counts_failures_per_run(server):
 def test_bad_settings_name_the_option(options, message):
     with pytest.raises(BenchInputError, match=message):
         BenchSettings(**options).validate()
-
-
-def test_prompts_are_deterministic():
-    assert builtin_prompts(len(BUILTIN_PROMPTS) + 2)[-2:] == list(BUILTIN_PROMPTS[:2])
-    first = random_prompts(4, input_len=20, seed=3)
-    assert first == random_prompts(4, input_len=20, seed=3)
-    assert first != random_prompts(4, input_len=20, seed=4)
-    assert all(len(prompt.split()) == 20 for prompt in first)
-    assert len({prompt.split()[0] for prompt in first}) == 4
 
 
 def test_run_requests_stops_sending_after_the_first_failure():

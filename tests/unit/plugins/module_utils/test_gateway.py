@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
-from fake_gateway import FakeGateway
+from fake_gateway import closed_port_url, started_gateways
 
 from ansible_collections.llmops.inference.plugins.module_utils.gateway import (
     DIALECT_LEGACY,
@@ -28,22 +27,8 @@ OTHER = "http://10.0.0.6:30000"
 
 @pytest.fixture
 def gateways():
-    started = []
-
-    def make(dialect="smg", **kwargs):
-        fake = FakeGateway(dialect, **kwargs).start()
-        started.append(fake)
-        return fake
-
-    yield make
-    for fake in started:
-        fake.stop()
-
-
-def closed_port_url() -> str:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+    with started_gateways() as make:
+        yield make
 
 
 def gateway_set(*fakes, **kwargs) -> GatewaySet:

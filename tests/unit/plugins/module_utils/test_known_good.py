@@ -12,7 +12,6 @@ from sglang_fixture import (
     NEW_MODULE_PATCH,
     SERVER_PATCH,
     SYNTHETIC_FILES,
-    FakeVenv,
     make_patcher,
     patch_set,
     run_command,
@@ -125,11 +124,6 @@ def test_saving_a_missing_file_fails(tmp_path, unit):
 
 
 # ----- the sources: a synthetic sglang in a bare venv, patched through the source patcher -----
-
-
-@pytest.fixture(scope="module")
-def fake_venv(tmp_path_factory):
-    return FakeVenv(tmp_path_factory.mktemp("venv"))
 
 
 @pytest.fixture

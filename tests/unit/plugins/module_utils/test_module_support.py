@@ -6,6 +6,7 @@ import pytest
 
 from ansible_collections.llmops.inference.plugins.module_utils.module_support import (
     OptionError,
+    OptionSet,
     PrefixedOptionError,
     command_runner,
     fail_refused_option,
@@ -74,3 +75,15 @@ def test_fail_refused_option_names_the_option_and_changes_nothing():
     assert module.calls == [
         ("fail_json", {"msg": "expect_regex does not compile", "option": "expect_regex", "changed": False})
     ]
+
+
+class Knobs(OptionSet):
+    DEFAULTS = {"size": 3, "name": None}
+
+
+def test_an_option_set_fills_in_defaults_and_refuses_unknown_options():
+    knobs = Knobs(name="a")
+    assert (knobs.size, knobs.name) == (3, "a")
+    assert Knobs(size=None).size is None  # an explicit None is kept; the class decides what it means
+    with pytest.raises(TypeError, match=r"Knobs\(\) got unknown options: colour, sise"):
+        Knobs(sise=4, colour="red")

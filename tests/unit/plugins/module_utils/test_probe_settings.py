@@ -66,3 +66,15 @@ def test_progress_and_soak_default_to_off():
     assert (settings.soak_requests, settings.soak_max_new_tokens, settings.unaccounted_threshold_mib) == (0, 8, 1024)
     settings = ProbeSettings(progress_window=10, soak_requests=None, soak_max_new_tokens=None).validate()
     assert (settings.progress_window, settings.soak_requests, settings.soak_max_new_tokens) == (10, 0, 8)
+
+
+def test_every_option_has_its_default_and_an_unknown_one_is_refused():
+    settings = ProbeSettings()
+    assert (settings.url, settings.timeout, settings.tiers[0], settings.unit) == (
+        "http://127.0.0.1:30000",
+        10.0,
+        "unit",
+        None,
+    )
+    with pytest.raises(TypeError, match="unknown options: promt"):
+        ProbeSettings(promt="typo")

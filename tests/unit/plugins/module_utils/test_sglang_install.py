@@ -5,7 +5,7 @@ import os
 import shutil
 
 import pytest
-from sglang_fixture import SYNTHETIC_FILES, FakeVenv, run_command
+from sglang_fixture import SYNTHETIC_FILES, run_command
 
 from ansible_collections.llmops.inference.plugins.module_utils import sglang_install
 from ansible_collections.llmops.inference.plugins.module_utils.sglang_install import (
@@ -16,11 +16,6 @@ from ansible_collections.llmops.inference.plugins.module_utils.sglang_install im
     subprocess_runner,
     verify_record,
 )
-
-
-@pytest.fixture(scope="module")
-def fake_venv(tmp_path_factory):
-    return FakeVenv(tmp_path_factory.mktemp("venv"))
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ from sglang_fixture import (
     SERVER_PATCH,
     SPEC_INFO,
     SYNTHETIC_FILES,
-    FakeVenv,
     make_patcher,
     patch_set,
     snapshot,
@@ -48,11 +47,6 @@ REPO_EXAMPLE = os.path.join(
 
 class SimulatedCrash(BaseException):
     """Stands in for SIGKILL: no handler in the code under test catches it."""
-
-
-@pytest.fixture(scope="module")
-def fake_venv(tmp_path_factory):
-    return FakeVenv(tmp_path_factory.mktemp("venv"))
 
 
 @pytest.fixture

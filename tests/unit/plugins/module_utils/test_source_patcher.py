@@ -13,7 +13,6 @@ from sglang_fixture import (
     NEW_MODULE_PATCH,
     SERVER_PATCH,
     SYNTHETIC_FILES,
-    FakeVenv,
     make_patcher,
     patch_set,
     snapshot,
@@ -29,11 +28,6 @@ from ansible_collections.llmops.inference.plugins.module_utils.source_patcher im
 from ansible_collections.llmops.inference.plugins.module_utils.source_tree import PathSafetyError
 
 SERVER_TO_30002 = SERVER_PATCH.replace(b"+PORT = 30001", b"+PORT = 30002")
-
-
-@pytest.fixture(scope="module")
-def fake_venv(tmp_path_factory):
-    return FakeVenv(tmp_path_factory.mktemp("venv"))
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import sys
 from pathlib import Path
 
@@ -14,7 +13,7 @@ from ansible_collections.llmops.inference.plugins.modules import sglang_gateway_
 
 # The fake gateway lives beside the module_utils tests.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "module_utils"))
-from fake_gateway import FakeGateway
+from fake_gateway import closed_port_url, started_gateways
 
 pytestmark = pytest.mark.usefixtures("target_side_ansible")
 WORKER = "http://10.0.0.5:30000"
@@ -23,16 +22,8 @@ OTHER = "http://10.0.0.6:30000"
 
 @pytest.fixture
 def fakes():
-    started = []
-
-    def make(dialect="smg", **kwargs):
-        fake = FakeGateway(dialect, **kwargs).start()
-        started.append(fake)
-        return fake
-
-    yield make
-    for fake in started:
-        fake.stop()
+    with started_gateways() as make:
+        yield make
 
 
 def run_module(capsys, args: dict) -> dict:
@@ -83,9 +74,7 @@ def test_min_healthy_refusal_fails_without_changes(capsys, fakes):
 
 def test_an_unusable_gateway_fails_naming_it(capsys, fakes):
     good = fakes()
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        down = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    down = closed_port_url()
     result = run_module(capsys, {"gateways": [good.url, down], "worker_url": WORKER})
     assert result["failed"] is True and result["changed"] is False
     assert result["unavailable"] == [result["msg"].split("nothing was changed: ", 1)[1]]

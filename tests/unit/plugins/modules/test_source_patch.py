@@ -13,7 +13,7 @@ from ansible_collections.llmops.inference.plugins.module_utils.known_good import
 from ansible_collections.llmops.inference.plugins.modules import source_patch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "module_utils"))
-from sglang_fixture import ALGOS_PATCH, SYNTHETIC_FILES, FakeVenv, snapshot
+from sglang_fixture import algos_request, snapshot
 
 
 def run_module(capsys, args: dict) -> dict:
@@ -22,22 +22,9 @@ def run_module(capsys, args: dict) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
-@pytest.fixture(scope="module")
-def fake_venv(tmp_path_factory):
-    return FakeVenv(tmp_path_factory.mktemp("venv"))
-
-
 @pytest.fixture
 def base_args(fake_venv, tmp_path):
-    fake_venv.clear()
-    fake_venv.install(SYNTHETIC_FILES)
-    (tmp_path / "algos.diff").write_bytes(ALGOS_PATCH)
-    return {
-        "python": fake_venv.python,
-        "name": "demo",
-        "patches": [str(tmp_path / "algos.diff")],
-        "backup_root": str(tmp_path / "backups"),
-    }
+    return algos_request(fake_venv, tmp_path)
 
 
 def test_check_mode_with_diff_then_apply_then_not_changed(capsys, base_args, fake_venv):

@@ -1,0 +1,17 @@
+"""Fixtures shared by the plugin tests; the stand-ins they use live in module_utils/ beside its tests."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "module_utils"))
+from sglang_fixture import FakeVenv
+
+
+@pytest.fixture(scope="module")
+def fake_venv(tmp_path_factory):
+    """A bare venv (no pip) for the tests of one file; they fill its site-packages."""
+    return FakeVenv(tmp_path_factory.mktemp("venv"))
