@@ -644,13 +644,27 @@ class RestartChain:
                     return self._failed_gate(
                         "health", f"/health did not answer 200 within {options.ready_timeout:g} s ({answer})", state
                     )
-                return self._failed_gate(
-                    "unit",
+                not_ready = (
                     f"unit {state.name} not ready within {options.ready_timeout:g} s: "
-                    f"ActiveState={state.active_state}, SubState={state.sub_state}",
-                    state,
+                    f"ActiveState={state.active_state}, SubState={state.sub_state}"
                 )
+                return self._why_not_ready(state, not_ready) or self._failed_gate("unit", not_ready, state)
             self.sleep(POLL_S)
+
+    def _why_not_ready(self, state, not_ready: str) -> dict | None:
+        """A failed gate on the ``gpu`` tier when a unit still starting holds no model on its GPUs, else None.
+
+        SGLang's readiness gate (ExecStartPost) keeps a unit ``activating`` while the engine never loads, so the
+        unit alone cannot tell a model that did not load (worth a fresh start) from a slow start.
+        """
+        if not state.main_pid:
+            return None
+        probe = self.probe({**_probe_settings(self.options, wait_timeout=0.0), "tiers": ["gpu"]})
+        if probe.get("healthy") or probe.get("failed_tier") != "gpu":
+            return None
+        gate = self._failed_gate("gpu", f"{probe.get('reason')} ({not_ready})", state)
+        gate["gpu_memory_mib"] = probe.get("gpu_memory_mib") or {}
+        return gate
 
     def _ready(self, state, now: float) -> None:
         """The moment the server first answered /health: with a readiness gate, when the unit turned active."""

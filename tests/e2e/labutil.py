@@ -194,28 +194,12 @@ def unit_of(lab, host: str, pid: int) -> str:
     return found[-1] if found else ""
 
 
-RESTORE_SCRIPT = """
-import json, sys
-sys.path.insert(0, "/run/llmops-test-kg")
-from ansible_collections.llmops.inference.plugins.module_utils.known_good import KnownGoodStore
-print(json.dumps(KnownGoodStore(sys.argv[1]).restore(sys.argv[2], sys.argv[3])))
-"""
-
-
 def restore_known_good(lab, host: str, root: str, which: str, dropin_dir: str) -> dict:
-    """Put a known-good snapshot's files back with the collection's own KnownGoodStore (module_utils/known_good.py),
-    as the known-good module does, and reload systemd."""
-    package = "/run/llmops-test-kg/ansible_collections/llmops/inference/plugins/module_utils"
-    sh(lab, host, f"mkdir -p {package}")
-    parts = ["ansible_collections", "llmops", "inference", "plugins", "module_utils"]
-    for depth in range(1, len(parts) + 1):
-        sh(lab, host, f"touch /run/llmops-test-kg/{'/'.join(parts[:depth])}/__init__.py")
-    for name in ("known_good.py", "atomic_file.py"):
-        source = (REPO / "plugins" / "module_utils" / name).read_text()
-        sh(lab, host, f"cat > {package}/{name} <<'PYEOF'\n{source}PYEOF")
-    script = f"python3 - {root} {which} {dropin_dir} <<'PYEOF'\n{RESTORE_SCRIPT}PYEOF\nsystemctl daemon-reload"
-    answer = sh(lab, host, script)
-    return json.loads(answer.splitlines()[0])
+    """Put a known-good snapshot's unit files back with llmops.inference.known_good (state=restored)."""
+    options = {"root": root, "state": "restored", "snapshot": which, "dropin_dir": dropin_dir}
+    result = lab.module(host, "llmops.inference.known_good", options)
+    assert not result.get("failed"), result
+    return result
 
 
 # ----- the fleet playbooks (deploy.yml, rollback.yml) on a lab fleet -----

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import textwrap
 
 import pytest
 from labutil import (
@@ -196,7 +195,7 @@ def test_a_service_user_gets_a_home_and_a_writable_sglang_cache(clean_lab, tmp_p
 
 
 def test_a_key_the_engine_logs_is_redacted_from_the_failure_even_at_vvv(clean_lab, tmp_path):
-    """The engine crashes while loading and logs its arguments first (server_args=ServerArgs(..., api_key='...'),
+    """The engine crashes while loading and logs its arguments first (server_args={..., 'api_key': '...'},
     as SGLang does); the failure carries the journal's tail. The key must not appear anywhere in the play's output."""
     host = clean_lab.hosts[0]
     install_test_engine(clean_lab, host)
@@ -209,7 +208,8 @@ def test_a_key_the_engine_logs_is_redacted_from_the_failure_even_at_vvv(clean_la
     run = run_play(clean_lab, tmp_path, host, "service_role", settings, verbosity=3)
     assert not run.ok
     assert "last 30 journal lines:" in run.output
-    assert "api_key='********'" in run.output
+    # SGLang 0.5.23 logs server_args as a dict (srt/entrypoints/engine.py), and so does the lab's engine.
+    assert "'api_key': ********" in run.output
     assert KEY in sh(clean_lab, host, f"journalctl -u {UNIT} --no-pager -n 200"), "the engine did not log its key"
     hits = [line for line in run.output.splitlines() if KEY in line]
     assert hits == [], hits
@@ -299,21 +299,10 @@ def test_check_mode_reports_the_restart_plan_and_changes_nothing(clean_lab, tmp_
 
 def test_gpu_memory_that_cannot_be_freed_stops_the_chain_before_the_start(clean_lab, tmp_path):
     host = clean_lab.hosts[0]
-    if "--stuck" not in clean_lab.exec(host, "simgpu-claim --help").stdout:
-        pytest.skip(
-            "needs the lab's unreapable GPU holder (simgpu-claim --stuck: memory held by a process in uninterruptible "
-            "sleep that survives SIGKILL), which lands with the lab truthful to real drivers"
-        )
     assert run_play(clean_lab, tmp_path, host, "service_role", label="up").ok
     sh(clean_lab, host, f"systemctl stop {UNIT}")
-    sh(
-        clean_lab,
-        host,
-        textwrap.dedent("""\
-        setsid bash -c 'exec -a sglang::scheduler_TP1 simgpu-claim --hold --stuck --gpu 1 --mib 30000' \\
-          </dev/null >/dev/null 2>&1 &
-        """),
-    )
+    # 8000 MiB on GPU 1 that no live process holds (the driver still counts a gone holder's memory).
+    sh(clean_lab, host, "simgpu-claim --stuck --gpu 1 --mib 8000")
     run = run_play(clean_lab, tmp_path, host, "service_restart", label="restart")
     assert not run.ok
     assert f"{UNIT} restart chain failed at reap: GPU 1 needs a reset or a reboot" in run.output

@@ -42,6 +42,7 @@ def test_engine_server_args_line_is_masked_without_knowing_the_key():
         "api-key: abc123",
         'api-key: "abc123"',
         '{"api_key": "abc123"}',
+        "server_args={'model_path': 'Qwen/Qwen3-8B', 'api_key': 'abc123', 'port': 30000}",
         "Authorization: Bearer abc123",
         "authorization: bearer abc123",
     ],

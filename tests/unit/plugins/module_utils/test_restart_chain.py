@@ -621,7 +621,25 @@ def test_not_ready_within_the_ready_timeout():
     result = world.run(ready_timeout=3)
     assert result["failed_tier"] == "unit"
     assert result["reason"] == f"unit {UNIT} not ready within 3 s: ActiveState=activating, SubState=start-post"
-    assert world.probe.calls == []
+    # Asked once whether the model is on the GPUs (it is: the engine is just slow), then judged on the unit.
+    assert [call["tiers"] for call in world.probe.calls] == [["gpu"]]
+    assert result["attempts"] == 1
+
+
+def test_a_start_that_never_gets_ready_and_holds_no_gpu_memory_is_a_model_that_did_not_load():
+    """SGLang's readiness gate keeps the unit activating while the model never loads: the gpu tier says why,
+    and a fresh start may load it."""
+    world = World(starts=[Start(load=999.0), Start(load=2.0)], probe=[failed_probe(), healthy_probe()])
+    result = world.run(ready_timeout=3)
+    assert result["healthy"] is True
+    assert result["attempts"] == 2
+    first = result["gates"][0]
+    assert first["failed_tier"] == "gpu"
+    assert first["reason"] == (
+        "unit active but its processes hold 0 MiB on GPU 0: model not loaded "
+        f"(unit {UNIT} not ready within 3 s: ActiveState=activating, SubState=start-post)"
+    )
+    assert world.probe.calls[0]["tiers"] == ["gpu"] and "tiers" not in world.probe.calls[1]
 
 
 def test_health_that_never_answers_200_fails_the_health_tier():
