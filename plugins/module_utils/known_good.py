@@ -444,7 +444,7 @@ class KnownGoodStore:
         }
 
 
-INFO, RESTORED, SAVED = "info", "restored", "saved"
+READ, RESTORED, SAVED = "read", "restored", "saved"
 HIDDEN = "(not shown: the environment file can hold the API key)\n"
 
 
@@ -476,7 +476,7 @@ def restore_with_diff(store: KnownGoodStore, which: str, dropin_dir: str, check_
 def handle(params: dict, run_command, check_mode: bool) -> dict:
     """One known_good module request, from its parameters to its result; raises SnapshotError or InstallError."""
     store = KnownGoodStore(params["root"], run_command, params["backup_root"])
-    if params["state"] == INFO:
+    if params["state"] == READ:
         snapshots = store.info()
         found = [which for which in SNAPSHOTS if snapshots[which]]
         return dict(snapshots, changed=False, msg=f"snapshots under {store.root}: {', '.join(found) or 'none'}")

@@ -18,7 +18,7 @@ description:
     added and removed files) by sha256, and keeps their content and the wheel's original of each (from the
     C(sglang_patch) backups) in C(objects/<sha256>), so that C(llmops.inference.source_patch) can re-create its
     sources from any state.
-  - O(state=info) returns both manifests.
+  - O(state=read) returns both manifests.
   - O(state=restored) puts the unit file, drop-ins and environment file of O(snapshot) back (drop-ins the snapshot
     does not have are removed) and reports what the sources need in RV(sources). Every copy and source object
     of the snapshot is checked against its sha256 first; a snapshot that cannot be restored whole is refused,
@@ -49,10 +49,10 @@ options:
     type: path
     required: true
   state:
-    description: V(info) reads; V(restored) puts a snapshot's unit files back; V(saved) records the live state.
+    description: V(read) reads; V(restored) puts a snapshot's unit files back; V(saved) records the live state.
     type: str
-    choices: [info, restored, saved]
-    default: info
+    choices: [read, restored, saved]
+    default: read
   snapshot:
     description: With O(state=restored), which snapshot to put back.
     type: str
@@ -121,14 +121,14 @@ msg:
   returned: always
   type: str
 current:
-  description: With O(state=info), the manifest of the current snapshot (null when absent) - C(files) (name to
+  description: With O(state=read), the manifest of the current snapshot (null when absent) - C(files) (name to
     C(path), C(sha256), C(mode)), C(patch_state_id), C(saved_at), C(verified_at), C(sources) and what the restart
     chain recorded (C(main_pid), C(gpu_memory_mib), C(model), C(speculative)).
-  returned: with O(state=info)
+  returned: with O(state=read)
   type: dict
 previous:
-  description: With O(state=info), the manifest of the previous snapshot (null when absent).
-  returned: with O(state=info)
+  description: With O(state=read), the manifest of the previous snapshot (null when absent).
+  returned: with O(state=read)
   type: dict
 manifest:
   description: With O(state=restored) the manifest put back; with O(state=saved) the current manifest.
@@ -199,7 +199,7 @@ from ansible_collections.llmops.inference.plugins.module_utils.source_backup imp
 
 ARGUMENT_SPEC = dict(
     root=dict(type="path", required=True),
-    state=dict(type="str", default="info", choices=["info", "restored", "saved"]),
+    state=dict(type="str", default="read", choices=["read", "restored", "saved"]),
     snapshot=dict(type="str", default="current", choices=list(SNAPSHOTS)),
     dropin_dir=dict(type="path"),
     files=dict(type="dict", default={}),

@@ -429,9 +429,9 @@ def sweep_figures(data: dict) -> list:
 
 def slope(points: list) -> float:
     """Least-squares seconds per host over (hosts, seconds)."""
-    mean_x = statistics.mean(x for x, _ in points)
-    mean_y = statistics.mean(y for _, y in points)
-    return sum((x - mean_x) * (y - mean_y) for x, y in points) / sum((x - mean_x) ** 2 for x, _ in points)
+    xs, ys = [point[0] for point in points], [point[1] for point in points]
+    mean_x, mean_y = statistics.mean(xs), statistics.mean(ys)
+    return sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / sum((x - mean_x) ** 2 for x in xs)
 
 
 def noop_figures(data: dict) -> list:

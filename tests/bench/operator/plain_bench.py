@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """The benchmark requests of a sweep point, sent the way SGLang's bench_serving.py sends them, standard library only.
 
 Streamed /generate requests (text, temperature, max_new_tokens, ignore_eos), at most `concurrency` in flight,
@@ -61,7 +60,7 @@ def run(url, prompts, concurrency, spec):
                 with lock:
                     failed.append(prompt)
 
-    threads = [threading.Thread(target=worker) for _ in range(min(concurrency, len(prompts)))]
+    threads = [threading.Thread(target=worker) for _thread in range(min(concurrency, len(prompts)))]
     start = time.time()
     for thread in threads:
         thread.start()
@@ -76,7 +75,7 @@ def main():
     if spec["warmup"]:
         result["warmup"] = run(url, spec["warmup"], spec["levels"][0]["concurrency"], spec)
     for level in spec["levels"]:
-        runs = [run(url, level["prompts"], level["concurrency"], spec) for _ in range(spec["repeats"])]
+        runs = [run(url, level["prompts"], level["concurrency"], spec) for _repeat in range(spec["repeats"])]
         result["levels"].append({"concurrency": level["concurrency"], "runs": runs})
     print(json.dumps(result))
 

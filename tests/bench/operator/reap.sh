@@ -1,4 +1,4 @@
-#!/bin/bash
+#!/usr/bin/env bash
 # Freeing a GPU by hand, without the collection: SIGTERM the holder, wait the grace period, SIGKILL it, then watch
 # nvidia-smi until GPU GPU's used memory is back to BASELINE_MIB (polled every POLL_S seconds).
 # Prints the wall-clock start, the SIGKILL and the stop: "START KILLED STOP".

@@ -1,4 +1,4 @@
-#!/bin/bash
+#!/usr/bin/env bash
 # A restart as operators script it without the collection: restart the unit, then ask /health once a second
 # until it answers 200 (a unit that fails instead ends the script). Prints the wall-clock start and stop of that
 # work: "START STOP".

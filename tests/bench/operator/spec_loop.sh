@@ -1,4 +1,4 @@
-#!/bin/bash
+#!/usr/bin/env bash
 # A speculative sweep as operators run it without the collection, point by point as SGLang's
 # scripts/playground/bench_speculative.py does (relaunch with the point's flags, wait until the server is ready,
 # send the benchmark requests), on a plain unit: rewrite the point's flags in the unit's ExecStart, restart, ask

@@ -334,7 +334,7 @@ def test_the_module_request_hides_the_environment_files_content_from_the_diff(ho
     assert "ExecStart=/bin/false" in text and "sk-live-4f1e" not in text and "can hold the API key" in text
     assert open(files["environment"]).read() == "SGLANG_API_KEY=sk-live-4f1e\n"
 
-    info = known_good.handle({**params, "state": "info"}, run_command, check_mode=False)
+    info = known_good.handle({**params, "state": "read"}, run_command, check_mode=False)
     assert info["current"]["files"]["unit"]["path"] == files["unit"] and info["previous"] is None
 
 

@@ -155,7 +155,9 @@ class FakeReaper:
         scope = "unit" if "unit" in params else "orphans"
         self.calls.append((scope, params, check_mode))
         queue = self.answers[scope]
-        answer = queue.pop(0) if queue else {"reaped": [], "unkillable": []}
+        if not queue:
+            return {"reaped": [], "unkillable": []}
+        answer = queue.pop(0)
         if isinstance(answer, Exception):
             raise answer
         return answer
