@@ -641,9 +641,8 @@ class RestartChain:
             if now >= deadline:
                 if state.is_active:
                     answer = f"HTTP {last_health}" if isinstance(last_health, int) else last_health
-                    return self._failed_gate(
-                        "health", f"/health did not answer 200 within {options.ready_timeout:g} s ({answer})", state
-                    )
+                    unhealthy = f"/health did not answer 200 within {options.ready_timeout:g} s ({answer})"
+                    return self._why_not_ready(state, unhealthy) or self._failed_gate("health", unhealthy, state)
                 not_ready = (
                     f"unit {state.name} not ready within {options.ready_timeout:g} s: "
                     f"ActiveState={state.active_state}, SubState={state.sub_state}"
@@ -652,10 +651,10 @@ class RestartChain:
             self.sleep(POLL_S)
 
     def _why_not_ready(self, state, not_ready: str) -> dict | None:
-        """A failed gate on the ``gpu`` tier when a unit still starting holds no model on its GPUs, else None.
+        """A failed gate on the ``gpu`` tier when a unit that is not ready holds no model on its GPUs, else None.
 
-        SGLang's readiness gate (ExecStartPost) keeps a unit ``activating`` while the engine never loads, so the
-        unit alone cannot tell a model that did not load (worth a fresh start) from a slow start.
+        An engine that never loads answers /health with 503 for ever, and SGLang's readiness gate (ExecStartPost)
+        keeps its unit ``activating``: neither tells a model that did not load (worth a fresh start) from a slow one.
         """
         if not state.main_pid:
             return None

@@ -652,6 +652,18 @@ def test_health_that_never_answers_200_fails_the_health_tier():
     assert "/health did not answer 200 within 2 s (HTTP 503)" in result["reason"]
 
 
+def test_an_active_unit_whose_health_never_answers_and_holds_no_model_is_retried_on_the_gpu_tier():
+    world = World(probe=[failed_probe(), healthy_probe()])
+    world.health_answers = [503]
+    result = world.run(ready_when_active=False, ready_timeout=2, max_starts=1)
+    assert result["failed_tier"] == "gpu"
+    assert result["reason"] == (
+        "unit active but its processes hold 0 MiB on GPU 0: model not loaded "
+        "(/health did not answer 200 within 2 s (HTTP 503))"
+    )
+    assert [call["tiers"] for call in world.probe.calls] == [["gpu"]]
+
+
 def test_a_probe_failure_other_than_gpu_is_not_retried():
     world = World(probe=[failed_probe("generate", "generation timed out: no response from /generate within 60.0 s")])
     result = world.run()
