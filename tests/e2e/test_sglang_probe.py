@@ -374,7 +374,7 @@ def test_a_stopped_host_whose_gpu_memory_stays_needs_a_gpu_reset(clean_lab):
     sh(lab, host, "echo 1900 > /var/lib/simgpu/release_lag_ms")
     try:
         sh(lab, host, f"systemctl stop {UNIT}")
-        stuck = sh(lab, host, "simgpu-claim --stuck --gpu 0 --mib 30000")
+        stuck = sh(lab, host, "simgpu-claim --stuck --force --gpu 0 --mib 30000")
         assert "which no longer exists" in stuck, stuck
         assert sh(lab, host, "nvidia-smi --query-compute-apps=pid --format=csv,noheader,nounits").split() == []
         result = probe(lab, host, fail_on_unhealthy=False, textfile_path=TEXTFILE)
