@@ -23,8 +23,8 @@ OUTPUT = ROOT / "docs" / "performance.md"
 # -- reading ---------------------------------------------------------------------------------------------------------
 def load_run(run: str | None) -> tuple:
     runs = sorted(path.name for path in DATA.iterdir() if path.is_dir()) if DATA.is_dir() else []
-    if not runs:
-        sys.exit(f"no benchmark data under {DATA}: run make bench first")
+    if not runs and run is None:
+        return None, {}
     name = run or runs[-1]
     if name not in runs:
         sys.exit(f"no run {name!r} under {DATA} (runs: {', '.join(runs)})")
@@ -685,7 +685,24 @@ def budget(files: dict) -> list:
     return lines
 
 
-def render(run: str, files: dict) -> str:
+def unmeasured() -> str:
+    """The page while no run is committed: what would be measured, and nothing that looks like a figure."""
+    lines = [
+        "# Performance\n\n",
+        "No benchmark run is committed yet, so this page publishes no figure. `make bench` (as root, on lab hosts) "
+        "writes every raw sample of a run under `docs/performance/<run>/` and regenerates this page from them with "
+        "`python tests/bench/write_performance.py`; each figure is then a ratio against the way the job is done "
+        "without the collection, measured side by side in the same run, with its runs and spread, met or missed.\n\n",
+        "| benchmark | measured by |\n",
+        "|---|---|\n",
+    ]
+    lines += [f"| {title} | `{command}` |\n" for title, _compute, command in BENCHMARKS.values()]
+    return "".join(lines)
+
+
+def render(run: str | None, files: dict) -> str:
+    if run is None:
+        return unmeasured()
     sections, skipped = [], []
     for name, (title, compute, command) in BENCHMARKS.items():
         data = files.get(name)
@@ -711,14 +728,15 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     run, files = load_run(args.run)
     page = render(run, files)
+    source = f"docs/performance/{run}/" if run else "no committed run"
     if args.check:
         if OUTPUT.read_text() != page:
-            print(f"{OUTPUT} does not match docs/performance/{run}/: regenerate it", file=sys.stderr)
+            print(f"{OUTPUT} does not match {source}: regenerate it", file=sys.stderr)
             return 1
-        print(f"{OUTPUT} matches docs/performance/{run}/")
+        print(f"{OUTPUT} matches {source}")
         return 0
     OUTPUT.write_text(page)
-    print(f"wrote {OUTPUT} from docs/performance/{run}/")
+    print(f"wrote {OUTPUT} from {source}")
     return 0
 
 

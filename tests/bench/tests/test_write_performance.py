@@ -22,6 +22,17 @@ def test_the_committed_page_is_what_the_committed_data_gives():
     )
 
 
+def test_without_a_committed_run_the_page_publishes_no_figure(monkeypatch, tmp_path):
+    monkeypatch.setattr(write_performance, "DATA", tmp_path / "none")
+    run, files = write_performance.load_run(None)
+    page = write_performance.render(run, files)
+    assert (run, files) == (None, {})
+    assert "No benchmark run is committed yet, so this page publishes no figure." in page
+    for title, _compute, command in write_performance.BENCHMARKS.values():
+        assert f"| {title} | `{command}` |" in page
+    assert "| met |" not in page and "**missed**" not in page
+
+
 def benchmark(name: str, settings: dict, samples: list, **extra) -> dict:
     return {
         "benchmark": name,
