@@ -22,8 +22,8 @@ description:
     line break would end the line, and what follows it would be read as a directive of its own, such as an extra
     C(ExecStartPre=). The value itself is never shown, so secrets can pass through it.
   - Then escapes the value for its field (O(kind)). C(raw) returns it unchanged, for a filter that quotes it next
-    (M(llmops.inference.systemd_escape_args#filter) for C(Exec) lines,
-    M(llmops.inference.systemd_env_value#filter) for environment files, C(to_json) for YAML). C(text) doubles
+    (P(llmops.inference.systemd_escape_args#filter) for C(Exec) lines,
+    P(llmops.inference.systemd_env_value#filter) for environment files, C(to_json) for YAML). C(text) doubles
     C(%), which systemd expands as a specifier in settings such as C(Description=). C(path) also requires an
     absolute path. C(environment) takes a dictionary and renders it for C(Environment=), each assignment in double
     quotes with C(\\) and C(") escaped and C(%) doubled (systemd does not expand C($) there).
