@@ -1,4 +1,4 @@
-"""nvidia_reap on real systemd: failure 1 (orphaned schedulers keep GPU memory after a KillMode=process stop).
+"""nvidia_reap on real systemd: orphaned schedulers keep GPU memory after a KillMode=process stop.
 
 Bystanders that must survive every run: `t-foreign.service`, an active unit whose GPU holder is titled
 `sglang::foreign` (so a `^sglang::` pattern matches it and only the other-unit rule protects it), and a

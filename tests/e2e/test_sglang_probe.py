@@ -1,4 +1,4 @@
-"""sglang_probe on real systemd against the simulated engine: failure 2 ("active" is not "serving").
+"""sglang_probe on real systemd against the simulated engine: a unit systemd calls "active" is not yet "serving".
 
 Each fault is caught by the tier an operator would look at, with a reason that says what is wrong. Servers
 start with a 1 s load, and cases that need separate servers run on separate hosts at the same time. The engine

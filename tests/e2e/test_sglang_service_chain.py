@@ -1,5 +1,6 @@
-"""The restart chain and the unit on lab hosts: the drain of in-flight requests, the stability window, failure 2's
-recovery, secrets (never in ps, redacted at -vvv), unit-file injection, the interpreter preflight, check mode."""
+"""The restart chain and the unit on lab hosts: the drain of in-flight requests, the stability window, the
+recovery of a model that did not load, secrets (never in ps, redacted at -vvv), unit-file injection, the
+interpreter preflight, check mode."""
 
 from __future__ import annotations
 

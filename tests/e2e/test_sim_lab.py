@@ -209,7 +209,7 @@ def test_tp2_unit_holds_gpu_memory_and_generates(clean_lab):
     assert info["speculative_num_draft_tokens"] == 4 and "avg_spec_accept_length" in info["internal_states"][0]
 
 
-def test_failure_1_orphaned_schedulers_cause_an_oom_restart_loop(clean_lab):
+def test_orphaned_schedulers_cause_an_oom_restart_loop(clean_lab):
     lab, host = clean_lab, clean_lab.hosts[0]
     install_unit(
         lab,
@@ -249,7 +249,7 @@ def test_failure_1_orphaned_schedulers_cause_an_oom_restart_loop(clean_lab):
     assert scheduler_pids(lab, host).keys() >= before.keys()
 
 
-def test_failure_2_never_loaded_model_looks_active(clean_lab):
+def test_a_never_loaded_model_looks_active(clean_lab):
     lab, host = clean_lab, clean_lab.hosts[0]
     install_unit(lab, host, "t-sim-noload.service", "--tp-size 2", service="Environment=SGLANG_SIM_FAULTS=never-load\n")
     out = run_python(
