@@ -95,16 +95,18 @@ class GatewayDrain:
             result = self.gateways.remove(worker, min_healthy=self.settings.min_healthy, check_mode=check_mode)
         except GatewaysUnavailable as exc:
             self.state["in_gateways"] = None
-            raise DrainFailure(f"{exc}; the host was not touched") from None
+            raise DrainFailure(f"{exc}; the engine was not stopped") from None
         except RemovalRefused as exc:
             self.state["in_gateways"] = True
-            raise DrainFailure(f"{exc}; the host was not touched") from None
+            raise DrainFailure(f"{exc}; the engine was not stopped") from None
         except MembershipIncomplete as exc:
             removed = [view.url for view in exc.result.views if view.changed]
             self.state["removed_from"] = removed
-            raise DrainFailure(f"{exc}; the host was not touched{self._put_back(removed)}") from None
+            self.state["in_gateways"] = False
+            left = f"; it is out of {', '.join(removed)} until a restart passes its gate" if removed else ""
+            raise DrainFailure(f"{exc}; the engine was not stopped{left}") from None
         except (GatewayError, ValueError) as exc:
-            raise DrainFailure(f"{exc}; the host was not touched") from None
+            raise DrainFailure(f"{exc}; the engine was not stopped") from None
         listed = [view.url for view in result.views if view.changed]
         self.state["removed_from"] = listed
         self.state["in_gateways"] = bool(check_mode and listed)
@@ -113,18 +115,6 @@ class GatewayDrain:
         detail = f"{verb} {worker} from {len(listed)} of {len(result.views)} gateway(s): {where}"
         self.state["detail"] = detail
         return detail
-
-    def _put_back(self, removed: list) -> str:
-        """After a removal that did not finish everywhere, ask the gateways it left to take the worker back."""
-        if not removed:
-            return ""
-        try:
-            self.gateways.add(self.settings.worker_url, wait=False)
-        except (GatewaysUnavailable, MembershipIncomplete, GatewayError) as exc:
-            return f"; it stays out of {', '.join(removed)}: putting it back failed: {exc}"
-        self.state["removed_from"] = []
-        self.state["in_gateways"] = True
-        return f"; asked {', '.join(removed)} to take it back"
 
     def wait_idle(self) -> tuple:
         """Poll the engine's /metrics until nothing runs or waits; ``(idle, detail)``."""

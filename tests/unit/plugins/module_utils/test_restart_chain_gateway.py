@@ -154,7 +154,7 @@ def test_one_replica_down_fails_before_anything_is_stopped(replicas):
     assert result["failed_step"] == "gateway_drain" and result["healthy"] is False
     assert result["reason"].startswith("1 of 2 gateway(s) cannot be used, nothing was changed:")
     assert f"gateway {replicas[1].url}: cannot reach it" in result["reason"]
-    assert result["reason"].endswith("; the host was not touched")
+    assert result["reason"].endswith("; the engine was not stopped")
     assert world.unit.verbs() == []
     assert replicas[0].mutations() == [] and replicas[0].listed() == sorted([ME, *OTHERS])
     assert result["journal"] == []
@@ -293,3 +293,18 @@ def test_the_worker_url_defaults_to_the_gates_url():
     assert options.gateway_worker_url == PARAMS["url"]
     assert parse_chain_options(PARAMS).gateway_worker_url is None
     assert UNIT == options.unit
+
+
+def test_a_removal_that_does_not_finish_stops_the_chain_before_the_stop_and_says_where_it_is_out(replicas):
+    fleet(replicas)
+    replicas[1].drain_time = 3600  # smg keeps it "draining" far beyond the wait
+    world = GatewayWorld(replicas)
+    result = world.run(gateway_wait_timeout=2)
+
+    assert result["failed_step"] == "gateway_drain"
+    assert f"{ME} is not gone on every gateway after 2 s" in result["reason"]
+    assert result["reason"].endswith(
+        f"; the engine was not stopped; it is out of {replicas[0].url}, {replicas[1].url} until a restart passes its gate"
+    )
+    assert world.unit.verbs() == []
+    assert result["gateway"]["in_gateways"] is False
