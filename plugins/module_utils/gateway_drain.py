@@ -103,7 +103,7 @@ class GatewayDrain:
             removed = [view.url for view in exc.result.views if view.changed]
             self.state["removed_from"] = removed
             self.state["in_gateways"] = False
-            left = f"; it is out of {', '.join(removed)} until a restart passes its gate" if removed else ""
+            left = f"; it is out of {', '.join(removed)} until a restart passes" if removed else ""
             raise DrainFailure(f"{exc}; the engine was not stopped{left}") from None
         except (GatewayError, ValueError) as exc:
             raise DrainFailure(f"{exc}; the engine was not stopped") from None

@@ -303,8 +303,7 @@ def test_a_removal_that_does_not_finish_stops_the_chain_before_the_stop_and_says
 
     assert result["failed_step"] == "gateway_drain"
     assert f"{ME} is not gone on every gateway after 2 s" in result["reason"]
-    assert result["reason"].endswith(
-        f"; the engine was not stopped; it is out of {replicas[0].url}, {replicas[1].url} until a restart passes its gate"
-    )
+    out_of = f"{replicas[0].url}, {replicas[1].url}"
+    assert result["reason"].endswith(f"; the engine was not stopped; it is out of {out_of} until a restart passes")
     assert world.unit.verbs() == []
     assert result["gateway"]["in_gateways"] is False
