@@ -21,7 +21,7 @@ import loadgen
 import pytest
 import yaml
 from gateway_lab import GATEWAY_PORT, GATEWAY_UNIT, apply_gateway_role, connect_hosts, gateway_url, gateway_workers
-from labutil import DEPLOY, FLEET_UNIT, ROLLBACK, main_pid, outcomes, output, sh, wait_answers
+from labutil import DEPLOY, FLEET_ENV_FILE, FLEET_UNIT, ROLLBACK, main_pid, outcomes, output, sh, sha256, wait_answers
 from labutil import run_playbook as run
 
 pytestmark = pytest.mark.lab
@@ -266,6 +266,7 @@ def test_a_deploy_that_would_remove_the_last_healthy_worker_refuses_before_touch
         )  # fmt: skip
         assert removed["_status"] == "CHANGED", removed
     pid = main_pid(lab, first)
+    env_before = sha256(lab, first, FLEET_ENV_FILE)
     try:
         environment = {**LAB_ENVIRONMENT, "LLMOPS_ZDT_RELEASE": "4"}
         proc, records = deploy(
@@ -277,7 +278,9 @@ def test_a_deploy_that_would_remove_the_last_healthy_worker_refuses_before_touch
         assert f"refusing to remove {topology['workers'][first]} from any gateway (min_healthy=1)" in detail, detail
         assert "it would leave 0 healthy worker(s) of model Qwen/Qwen2.5-7B-Instruct" in detail, detail
         assert "healthy others: none" in detail, detail
+        assert "(nothing was changed, so nothing was rolled back)" in detail, detail
         assert main_pid(lab, first) == pid
+        assert sha256(lab, first, FLEET_ENV_FILE) == env_before
         in_both = {host: [(topology["workers"][first], True)] for host in topology["gateway_hosts"]}
         assert listed(lab, topology) == in_both
     finally:
