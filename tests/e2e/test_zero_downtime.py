@@ -30,11 +30,13 @@ KEY = "lab-zdt-key-5c1e"
 ENGINE_PORT = 30000
 # The lab's engine environment (tests/lab/inventory/group_vars/lab.yml); a deploy adds a variable to force a restart.
 LAB_ENVIRONMENT = {"SGLANG_SIM_LOAD_TIME": "1", "SGLANG_SIM_DRAIN_TIME": "2"}
-# Requests that last about a second (48 tokens at 20 ms), so every restart finds some in flight.
-TOKENS = 48
-ENGINE_ARGS = ["--sim-token-latency-ms", "20"]
+# Requests that last about two seconds (40 tokens at 50 ms), longer than the drain budget the inventory gives
+# (sglang_service_drain_timeout: 2), so every restart finds some in flight and a stop that does not wait for them
+# cuts them short.
+TOKENS = 40
+ENGINE_ARGS = ["--sim-token-latency-ms", "50"]
+DRAIN_TIMEOUT = 2
 CLIENTS = 16
-COUNTS = {}
 
 
 class Load:
@@ -72,6 +74,16 @@ def lost(summary: dict) -> int:
     return summary["failed"] + summary["truncated"]
 
 
+def report(capsys, name: str, summary: dict, run_s: float) -> None:
+    """The counts in the test output, whatever the assertions say next."""
+    with capsys.disabled():
+        print(
+            f"\nzero-downtime, {name}: {summary['requests']} requests through the gateway in {run_s:.0f} s: "
+            f"{summary['ok']} ok, {summary['failed']} failed, {summary['truncated']} truncated; latency p50 "
+            f"{summary['latency_s']['p50']} s, p99 {summary['latency_s']['p99']} s; errors {summary['errors'][:3]}"
+        )
+
+
 def write_inventory(tmp_path, name: str, topology: dict, per_host: dict | None = None):
     """A layer of host variables: each engine listens on its lab address, behind both gateway replicas."""
     hosts = {}
@@ -80,6 +92,7 @@ def write_inventory(tmp_path, name: str, topology: dict, per_host: dict | None =
             "sglang_service_host": "0.0.0.0",
             "sglang_service_api_key": KEY,
             "sglang_service_extra_args": ENGINE_ARGS,
+            "sglang_service_drain_timeout": DRAIN_TIMEOUT,
             "sglang_service_gateways": topology["gateways"],
             "sglang_service_gateway_api_key": KEY,
             **(per_host or {}).get(host, {}),
@@ -207,7 +220,7 @@ def test_one_replica_down_fails_before_any_host_is_stopped(lab, topology):
     assert listed(lab, topology) == everyone_in(topology)
 
 
-def test_a_rolling_deploy_and_a_rollback_under_load_lose_no_request(lab, topology, tmp_path):
+def test_a_rolling_deploy_and_a_rollback_under_load_lose_no_request(lab, topology, tmp_path, capsys):
     pids = {host: main_pid(lab, host) for host in topology["hosts"]}
     load = Load(topology["gateways"][0])
     started = time.monotonic()
@@ -215,8 +228,7 @@ def test_a_rolling_deploy_and_a_rollback_under_load_lose_no_request(lab, topolog
     deployed, records = deploy(lab, tmp_path, topology, "deploy", {"sglang_service_environment": environment})
     rolled, rollback_records = rollback(lab, tmp_path, topology, "rollback")
     summary = load.finish()
-    COUNTS["with the gateway step"] = summary
-    COUNTS["with the gateway step"]["run_s"] = round(time.monotonic() - started, 1)
+    report(capsys, "deploy and rollback with the gateway step", summary, time.monotonic() - started)
 
     assert deployed.returncode == 0, output(deployed)
     assert set(outcomes(records).values()) == {"deployed"}, outcomes(records)
@@ -229,15 +241,14 @@ def test_a_rolling_deploy_and_a_rollback_under_load_lose_no_request(lab, topolog
     assert listed(lab, topology) == everyone_in(topology)
 
 
-def test_without_the_gateway_step_the_same_load_loses_requests(lab, topology, tmp_path):
+def test_without_the_gateway_step_the_same_load_loses_requests(lab, topology, tmp_path, capsys):
     load = Load(topology["gateways"][0])
     started = time.monotonic()
     environment = {**LAB_ENVIRONMENT, "LLMOPS_ZDT_RELEASE": "3"}
     extra = {"sglang_service_environment": environment, "sglang_service_gateways": []}
     deployed, records = deploy(lab, tmp_path, topology, "deploy-no-gateway", extra)
     summary = load.finish()
-    COUNTS["without the gateway step"] = summary
-    COUNTS["without the gateway step"]["run_s"] = round(time.monotonic() - started, 1)
+    report(capsys, "deploy without the gateway step (sglang_service_gateways: [])", summary, time.monotonic() - started)
 
     assert deployed.returncode == 0, output(deployed)
     assert set(outcomes(records).values()) == {"deployed"}, outcomes(records)
@@ -294,15 +305,16 @@ def test_a_deploy_that_would_remove_the_last_healthy_worker_refuses_before_touch
     assert listed(lab, topology) == everyone_in(topology)
 
 
-def test_a_host_whose_gate_fails_stays_out_of_the_gateways_while_the_others_serve(lab, topology, tmp_path):
+def test_a_host_whose_gate_fails_stays_out_of_the_gateways_while_the_others_serve(lab, topology, tmp_path, capsys):
     bad = topology["hosts"][2]
     load = Load(topology["gateways"][0])
+    started = time.monotonic()
     environment = {**LAB_ENVIRONMENT, "LLMOPS_ZDT_RELEASE": "5"}
     faulty = {bad: {"sglang_service_environment": {**environment, "SGLANG_SIM_FAULTS": "degenerate"}}}
     # Host variables (not extra vars, which would win over them): only the host deployed gets the fault.
     proc, records = deploy(lab, tmp_path, topology, "gate-fails", {"deploy_hosts": bad}, faulty)
     summary = load.finish()
-    COUNTS["a failed gate, with the gateway step"] = summary
+    report(capsys, "a deploy whose gate fails, with the gateway step", summary, time.monotonic() - started)
 
     assert proc.returncode != 0, output(proc)
     assert outcomes(records) == {bad: "rolled back"}, records
@@ -311,14 +323,3 @@ def test_a_host_whose_gate_fails_stays_out_of_the_gateways_while_the_others_serv
     assert (summary["failed"], summary["truncated"]) == (0, 0), summary
     # The rollback to its known-good state passed its gate, and that put it back.
     assert listed(lab, topology) == everyone_in(topology)
-
-
-def test_report_the_counts(capsys):
-    with capsys.disabled():
-        for name, summary in COUNTS.items():
-            print(
-                f"\nzero-downtime {name}: {summary['requests']} requests, {summary['ok']} ok, {summary['failed']} "
-                f"failed, {summary['truncated']} truncated over {summary['wall_s']:.0f} s; p99 "
-                f"{summary['latency_s']['p99']} s; errors {summary['errors'][:3]}"
-            )
-    assert COUNTS
