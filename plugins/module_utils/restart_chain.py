@@ -7,9 +7,16 @@ Private to the llmops.inference collection; not a public API.
 
 One run, each step timed and reported::
 
-    lock -> unit (read it) -> gateway drain (a slot; nothing yet) -> stop -> reset-failed -> reap
+    lock -> unit (read it) -> gateway drain (with gateways) -> stop -> reset-failed -> reap
          -> daemon-reload (when systemd asks) -> start (not waiting for the job) -> gate
-         -> snapshot (on a pass) -> release the lock (always)
+         -> gateway re-add (on a pass, with gateways) -> snapshot (on a pass) -> release the lock (always)
+
+- gateway drain: every gateway replica is read first (one that cannot be used fails the chain before the stop),
+  the worker is removed from each (refused, before the stop, when a gateway would keep fewer than
+  ``gateway_min_healthy`` other healthy workers of its model), then the engine's /metrics is polled until nothing
+  runs or waits, or the drain budget ends (module_utils/gateway_drain.py). After a passing gate the worker is added
+  back and the chain waits until every gateway reports it healthy; a failed gate (or step) leaves it out of the
+  gateways, and the result's ``gateway`` field says where it is.
 
 - stop: a unit caught in a restart loop is killed with SIGKILL (it serves nothing, and a drain would only wait
   for processes that may ignore SIGTERM); a running unit is stopped, which runs its ExecStop drain.
@@ -35,6 +42,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 from ansible_collections.llmops.inference.plugins.module_utils import host_lock as _host_lock
+from ansible_collections.llmops.inference.plugins.module_utils.gateway import GATEWAY_SCHEMES, normalize_url
+from ansible_collections.llmops.inference.plugins.module_utils.gateway_drain import (
+    IN_FLIGHT_METRICS,
+    DrainFailure,
+    DrainSettings,
+    GatewayDrain,
+    in_flight,
+)
 from ansible_collections.llmops.inference.plugins.module_utils.known_good import KnownGoodStore, SnapshotError
 from ansible_collections.llmops.inference.plugins.module_utils.module_support import OptionError
 from ansible_collections.llmops.inference.plugins.module_utils.probe import SglangProbe
@@ -91,6 +106,7 @@ POLL_S = 0.1
 # How long systemd may take to begin the start job the chain queued (it is usually immediate).
 START_PICKUP_S = 30.0
 HEALTH_TIMEOUT_S = 5.0
+METRICS_TIMEOUT_S = 2.0
 CLD_EXITED = "1"
 GATE_TIERS = TIER_NAMES
 # The probe's soak (N short generations after an unclean stop) is asked for only where the probe has it.
@@ -139,6 +155,12 @@ class ChainOptions:
     engine_python: str | None = None
     journal_lines: int = 30
     secrets: tuple = ()
+    gateways: tuple = ()
+    gateway_api_key: str | None = None
+    gateway_worker_url: str | None = None
+    gateway_min_healthy: int = 1
+    gateway_wait_timeout: float = 120.0
+    drain_timeout: float = 120.0
 
 
 def _number(params: dict, option: str, default, minimum: float = 0.0, above: bool = False):
@@ -200,7 +222,12 @@ def parse_chain_options(params: dict) -> ChainOptions:
         engine_python=_absolute("known_good.python", known_good.get("python")),
         journal_lines=_number(params, "journal_lines", 30, 1),
         secrets=tuple(params.get("redact") or ()),
+        gateway_api_key=params.get("gateway_api_key") or None,
+        gateway_min_healthy=_number(params, "gateway_min_healthy", 1),
+        gateway_wait_timeout=_number(params, "gateway_wait_timeout", 120.0),
+        drain_timeout=_number(params, "drain_timeout", 120.0),
     )
+    _gateway_options(options, params)
     if options.lock_token and not options.lock_path:
         raise ChainInputError("lock.token", "lock.token needs lock.path, the lock it was taken on")
     if options.known_good_root and not options.known_good_files:
@@ -210,6 +237,26 @@ def parse_chain_options(params: dict) -> ChainOptions:
     except ProbeInputError as exc:
         raise ChainInputError(f"probe.{exc.option}", f"probe.{exc}") from None
     return options
+
+
+def _gateway_options(options: ChainOptions, params: dict) -> None:
+    """The gateways and the worker's URL as they tell it, normalized; raise ChainInputError naming a wrong one."""
+    gateways = params.get("gateways") or []
+    if isinstance(gateways, str):
+        raise ChainInputError("gateways", f"gateways must be a list of gateway URLs, got the string {gateways!r}")
+    try:
+        options.gateways = tuple(normalize_url(url, "gateways", GATEWAY_SCHEMES) for url in gateways)
+        worker = params.get("gateway_worker_url") or options.url
+        options.gateway_worker_url = normalize_url(worker, "gateway_worker_url") if options.gateways else None
+    except ValueError as exc:
+        option = "gateways" if str(exc).startswith("gateways") else "gateway_worker_url"
+        raise ChainInputError(option, str(exc)) from None
+    duplicates = sorted({url for url in options.gateways if options.gateways.count(url) > 1})
+    if duplicates:
+        raise ChainInputError("gateways", f"gateways lists {', '.join(duplicates)} more than once")
+    if isinstance(options.gateway_min_healthy, bool) or int(options.gateway_min_healthy) != options.gateway_min_healthy:
+        raise ChainInputError("gateway_min_healthy", "gateway_min_healthy must be an integer >= 0")
+    options.gateway_min_healthy = int(options.gateway_min_healthy)
 
 
 def _probe_settings(options: ChainOptions, wait_timeout: float, soak: int = 0) -> dict:
@@ -320,6 +367,8 @@ class RestartChain:
         health=None,
         store=KnownGoodStore,
         locks=_host_lock,
+        scrape=None,
+        gateway_set=None,
     ):
         self.options = options
         self.run_command = run_command
@@ -330,9 +379,25 @@ class RestartChain:
         self.health = health or self._host_health
         self.store = store
         self.locks = locks
-        self.redactor = Redactor([options.api_key, *options.secrets])
+        self.redactor = Redactor([options.api_key, options.gateway_api_key, *options.secrets])
         self.steps = _Steps(clock)
         self.warnings = []
+        self.drain = None
+        self._left_gateways = False
+        if options.gateways:
+            settings = DrainSettings(
+                gateways=options.gateways,
+                worker_url=options.gateway_worker_url,
+                api_key=options.gateway_api_key,
+                worker_api_key=options.api_key,
+                min_healthy=options.gateway_min_healthy,
+                drain_timeout=options.drain_timeout,
+                wait_timeout=options.gateway_wait_timeout,
+                validate_certs=options.validate_certs,
+            )
+            self.drain = GatewayDrain(
+                settings, scrape or self._host_in_flight, gateway_set=gateway_set, clock=clock, sleep=sleep
+            )
         self.result = {
             "unit": options.unit,
             "healthy": False,
@@ -360,6 +425,7 @@ class RestartChain:
             "attempts": 0,
             "gates": [],
             "lock": {},
+            "gateway": None,
             "changed": False,
         }
 
@@ -379,6 +445,12 @@ class RestartChain:
 
     def _host_health(self) -> int:
         return self._client(HEALTH_TIMEOUT_S).health()
+
+    def _host_in_flight(self):
+        try:
+            return in_flight(self._client(METRICS_TIMEOUT_S).metric_samples(IN_FLIGHT_METRICS))
+        except SglangError:
+            return None
 
     def _systemctl(self, *args) -> tuple:
         return self.run_command(["systemctl", *args])
@@ -403,18 +475,54 @@ class RestartChain:
                     raise ChainFailure("unit", f"unit {before.name} not found (LoadState=not-found); install it first")
                 step["detail"] = f"{before.active_state} ({before.sub_state}), MainPID {before.main_pid}"
             self.result["start_limit"] = start_limit(before)
-            # The gateway drain (remove this worker from its gateways, wait for their in-flight requests) goes here.
-            self.steps.note("gateway_drain", "skipped", "no gateways")
+            self._gateway_leave(check_mode)
             if check_mode:
                 self._plan(before)
             else:
                 self._attempts(before)
         except ChainFailure as failure:
-            self._fail_step(failure, explain=failure.step not in ("lock", "unit") and not check_mode)
+            self._fail_step(failure, explain=failure.step not in ("lock", "unit", "gateway_drain") and not check_mode)
+            if self._left_gateways:
+                self.drain.kept_out(f"the chain failed at {failure.step}")
         finally:
             if token:
                 self._release(token)
+        if self.drain:
+            self.result["gateway"] = self.drain.state
         return self._finish(before, started, check_mode)
+
+    # -- the gateways ------------------------------------------------------------------------------
+
+    def _gateway_leave(self, check_mode: bool) -> None:
+        """Out of every gateway, then wait until the engine has nothing in flight (check mode: only say where)."""
+        if not self.drain:
+            self.steps.note("gateway_drain", "skipped", "no gateways")
+            return
+        with self.steps.run("gateway_drain") as step:
+            try:
+                step["detail"] = self.drain.leave(check_mode=check_mode)
+            except DrainFailure as exc:
+                raise ChainFailure("gateway_drain", str(exc)) from None
+            if check_mode:
+                step["status"] = "planned"
+                return
+        self._left_gateways = True
+        with self.steps.run("drain_wait") as step:
+            idle, step["detail"] = self.drain.wait_idle()
+            step["status"] = "ok" if idle else "expired"
+
+    def _gateway_rejoin(self, gate: dict) -> None:
+        """After the gate: back into every gateway on a pass; left out (and said so) after a failure."""
+        if not self.drain:
+            return
+        if not gate["healthy"]:
+            self.steps.note("gateway_add", "skipped", self.drain.kept_out("the gate failed"))
+            return
+        with self.steps.run("gateway_add") as step:
+            try:
+                step["detail"] = self.drain.rejoin()
+            except DrainFailure as exc:
+                raise ChainFailure("gateway_add", str(exc)) from None
 
     def _lock(self, check_mode: bool) -> str | None:
         """Take the host lock, or check the one the caller holds; return a token to release, or None."""
@@ -482,6 +590,11 @@ class RestartChain:
             # The model never loaded: a fresh start may load it. Stop (the unit serves nothing), reap, start again.
             state = self._read_unit("gate")
         self._take_gate(gate)
+        try:
+            self._gateway_rejoin(gate)
+        except ChainFailure as failure:
+            self._fail_step(failure, explain=False)
+            return
         if gate["healthy"]:
             self._snapshot()
         else:
@@ -827,6 +940,15 @@ class RestartChain:
             + (f" and a soak of {options.soak} generations if the reap finds holders" if options.soak else "")
         )
         plan["snapshot"] = options.known_good_root
+        if self.drain:
+            gateways = ", ".join(options.gateways)
+            plan["gateway"] = {
+                "remove": self.drain.state["detail"],
+                "drain": f"wait up to {options.drain_timeout:g} s until the engine's /metrics shows no running and "
+                "no queued request",
+                "add": f"after a passing gate, add {options.gateway_worker_url} to {gateways} and wait until each "
+                "reports it healthy; a failed gate leaves it out",
+            }
         self.result.update(plan=plan, stop_mode=mode, changed=True, healthy=None)
         self.steps.note("stop", "planned", why)
 
@@ -859,11 +981,15 @@ class RestartChain:
                 return f"check mode: {unit} restart chain would stop at {result['failed_step']}: {result['reason']}"
             return f"check mode: would restart {unit}: {plan['stop']['why']}; then reap, start and gate it"
         if result["healthy"]:
-            return f"{unit} passed its gate after {result['elapsed_s']:.1f} s (MainPID {result['main_pid']})"
+            rejoined = " and is back in its gateway(s)" if (result["gateway"] or {}).get("in_gateways") else ""
+            return f"{unit} passed its gate after {result['elapsed_s']:.1f} s (MainPID {result['main_pid']}){rejoined}"
         if result["failed_step"]:
             lines = [f"{unit} restart chain failed at {result['failed_step']}: {result['reason']}"]
         else:
             lines = [f"{unit} failed its gate: {result['failed_tier']} tier: {result['reason']}"]
+        gateway = result["gateway"] or {}
+        if gateway.get("in_gateways") is False:
+            lines[0] += f" ({gateway['worker_url']} is left out of its gateway(s): {', '.join(gateway['gateways'])})"
         if result["active_state"]:
             line = (
                 f"unit: ActiveState={result['active_state']} SubState={result['sub_state']} "

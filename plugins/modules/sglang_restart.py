@@ -7,7 +7,7 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 module: sglang_restart
-short_description: Restart an SGLang unit through the gated chain - drain, stop, reap, start, probe gate, snapshot
+short_description: Restart an SGLang unit through the gated chain - gateway drain, stop, reap, start, gate, re-add
 version_added: 0.2.0
 description:
   - Restarts one systemd unit that runs an SGLang server, in one round trip, through a fixed chain whose steps are
@@ -15,7 +15,15 @@ description:
   - C(lock) - takes the host lock O(lock.path) (waits up to O(lock.timeout)), unless O(lock.token) says the caller
     holds it already. The lock is released at the end whatever happens.
   - C(unit) - reads the unit (ActiveState, SubState, MainPID, NRestarts, start limit, whether systemd needs a reload).
-  - C(gateway_drain) - reserved for removing the worker from its gateways before the stop; skipped for now.
+  - C(gateway_drain) - with O(gateways), reads every gateway replica first (one that cannot be used, or refuses
+    O(gateway_api_key), fails the chain before anything is stopped), refuses - before anything is stopped - when
+    removing the worker would leave a gateway with fewer than O(gateway_min_healthy) other healthy workers of its
+    model (the message names the model and the healthy workers left), then removes the worker O(gateway_worker_url)
+    from every replica and waits until none lists it (replicas do not share a registry). Skipped without
+    O(gateways).
+  - C(drain_wait) - polls the engine's own C(/metrics) until C(sglang:num_running_reqs) and C(sglang:num_queue_reqs)
+    are both 0, at most O(drain_timeout) seconds; a budget that ends first is the status C(expired) with the counts
+    left, and the chain stops the unit anyway. An engine whose C(/metrics) does not answer has nothing to drain.
   - C(stop) - a unit caught in a restart loop (waiting to restart, or starting again after automatic restarts) is
     killed with SIGKILL; it serves nothing, and a drain would only wait for processes that may ignore SIGTERM. A
     running unit is stopped with C(systemctl stop), which runs its C(ExecStop) drain (the sglang_service role's unit
@@ -38,6 +46,9 @@ description:
   - A gate that fails on the C(gpu) tier (the unit is active but its processes hold no model) is retried (stop, reap,
     start, gate) up to the unit's C(StartLimitBurst) starts (O(max_starts)); then the chain fails with the gpu tier's
     reason and leaves the last attempt running, so the host does not flap and its state and journal can be read.
+  - C(gateway_add) - with O(gateways), on a pass, adds the worker to every replica and waits until each reports it
+    healthy (at most O(gateway_wait_timeout)). A failed gate (or a failed stop, reap or start) leaves the worker out
+    of every gateway, and RV(gateway) and RV(msg) say so.
   - C(snapshot) - on a pass, saves the known-good snapshot (O(known_good)).
   - On a failure, the result carries the failing step or tier, the probe's reason, the unit's state after
     (ActiveState, SubState, Result, NRestarts, and the start limit when it applies) and the journal's tail.
@@ -52,8 +63,10 @@ attributes:
   check_mode:
     support: full
     description:
-      - Reads the unit and the lock and reports the plan in RV(plan) - the stop mode, what the reaper would reap,
-        the start, the gate - and changes nothing. C(changed) is true (a restart would run).
+      - Reads the unit, the lock and the gateways and reports the plan in RV(plan) - the gateways the worker would
+        be removed from and added back to, the stop mode, what the reaper would reap, the start, the gate - and
+        changes nothing. C(changed) is true (a restart would run). A gateway that cannot be used or a removal that
+        O(gateway_min_healthy) refuses fails as it would in a real run.
   diff_mode:
     support: full
     description: The unit's ActiveState, SubState and MainPID before and after (in check mode, the expected state).
@@ -204,8 +217,40 @@ options:
     description: Journal lines returned after a failure.
     type: int
     default: 30
+  gateways:
+    description:
+      - The gateway replicas (SGLang Model Gateway C(smg), or C(sglang-router)) that route to this worker, as
+        C(http://host:port) URLs. Each one is changed and checked on its own. Empty (the default) skips the gateway
+        steps.
+    type: list
+    elements: str
+    default: []
+  gateway_api_key:
+    description:
+      - The gateways' admin API key (C(Authorization Bearer)), for listing, adding and removing workers. The worker is
+        added with O(api_key) as its own key.
+    type: str
+  gateway_worker_url:
+    description:
+      - This worker's URL as the gateways reach it (not the loopback address the gate uses). Default is O(url).
+    type: str
+  gateway_min_healthy:
+    description:
+      - The healthy workers of the same model each gateway must keep besides this one; the chain refuses the
+        restart before the stop otherwise. C(0) turns the check off.
+    type: int
+    default: 1
+  gateway_wait_timeout:
+    description: Seconds to wait until every gateway has removed the worker, and until every one reports it healthy.
+    type: float
+    default: 120
+  drain_timeout:
+    description:
+      - Seconds to wait, after the removal from the gateways, until the engine has no running and no queued request.
+    type: float
+    default: 120
   redact:
-    description: More secrets to mask in everything returned, besides O(api_key).
+    description: More secrets to mask in everything returned, besides O(api_key) and O(gateway_api_key).
     type: list
     elements: str
     default: []
@@ -254,6 +299,19 @@ EXAMPLES = r"""
     fail_on_unhealthy: false
   register: gate
 
+- name: Restart a worker behind two gateway replicas without dropping a request
+  llmops.inference.sglang_restart:
+    unit: sglang-qwen.service
+    ready_when_active: true
+    gateways:
+      - http://10.0.0.9:30080
+      - http://10.0.0.10:30080
+    gateway_api_key: "{{ vault_gateway_admin_key }}"
+    gateway_worker_url: http://10.0.0.5:30000
+    gateway_min_healthy: 1
+    drain_timeout: 120
+  register: gate
+
 - name: Show what a restart would do
   llmops.inference.sglang_restart:
     unit: sglang-qwen.service
@@ -276,8 +334,8 @@ healthy:
   sample: true
 failed_step:
   description:
-    - The step that failed before or after the gate (C(lock), C(unit), C(stop), C(reap), C(start), C(snapshot)),
-      or null.
+    - The step that failed before or after the gate (C(lock), C(unit), C(gateway_drain), C(stop), C(reap), C(start),
+      C(gateway_add), C(snapshot)), or null.
   returned: always
   type: str
   sample: reap
@@ -299,8 +357,8 @@ tiers:
   elements: dict
 steps:
   description:
-    - Every step in order, each with C(name), C(attempt), C(status) (C(ok), C(failed), C(skipped), C(planned)),
-      C(detail), C(elapsed_s).
+    - Every step in order, each with C(name), C(attempt), C(status) (C(ok), C(failed), C(skipped), C(planned), and
+      C(expired) for a C(drain_wait) whose budget ended), C(detail), C(elapsed_s).
   returned: always
   type: list
   elements: dict
@@ -399,9 +457,27 @@ lock:
   description: The lock the chain used (C(path), C(taken)).
   returned: always
   type: dict
+gateway:
+  description:
+    - With O(gateways), where the worker is - C(worker_url), C(gateways), C(min_healthy), C(removed_from) (the
+      gateways that listed it and removed it, or would in check mode), C(drain) (C(idle), C(waited_s), C(running),
+      C(queued)), C(added_to), C(in_gateways) (true once every gateway reports it healthy again, false when it is
+      left out after a failure, null when nothing was changed) and C(detail). Null without O(gateways).
+  returned: always
+  type: dict
+  sample:
+    worker_url: http://10.0.0.5:30000
+    gateways: [http://10.0.0.9:30080, http://10.0.0.10:30080]
+    min_healthy: 1
+    removed_from: [http://10.0.0.9:30080, http://10.0.0.10:30080]
+    drain: {idle: true, waited_s: 2.4, running: 0, queued: 0}
+    added_to: [http://10.0.0.9:30080, http://10.0.0.10:30080]
+    in_gateways: true
+    detail: "http://10.0.0.5:30000 healthy on all 2 gateway(s): http://10.0.0.9:30080, http://10.0.0.10:30080"
 plan:
   description:
-    - In check mode, what the chain would do (C(stop), C(reap), C(daemon_reload), C(start), C(gate), C(snapshot)).
+    - In check mode, what the chain would do (C(gateway), C(stop), C(reap), C(daemon_reload), C(start), C(gate),
+      C(snapshot)).
   returned: check mode
   type: dict
 elapsed_s:
@@ -487,6 +563,12 @@ ARGUMENT_SPEC = dict(
         ),
     ),
     journal_lines=dict(type="int", default=30),
+    gateways=dict(type="list", elements="str", default=[]),
+    gateway_api_key=dict(type="str", no_log=True),
+    gateway_worker_url=dict(type="str"),
+    gateway_min_healthy=dict(type="int", default=1),
+    gateway_wait_timeout=dict(type="float", default=120),
+    drain_timeout=dict(type="float", default=120),
     redact=dict(type="list", elements="str", default=[], no_log=True),
     fail_on_unhealthy=dict(type="bool", default=True),
 )

@@ -86,3 +86,23 @@ def test_api_key_is_no_log(capsys, chain):
     chain.result["msg"] = "key abc-123 seen"
     result = run_module(capsys, {"unit": "sglang-t", "api_key": "abc-123"})
     assert "abc-123" not in json.dumps(result)
+
+
+def test_gateway_options_reach_the_chain_and_the_gateway_key_is_no_log(capsys, chain):
+    chain.result["msg"] = "gateway key gw-k3y seen"
+    args = {"unit": "sglang-t", "gateways": ["http://10.0.0.9:30080/", "http://10.0.0.10:30080"],
+            "gateway_api_key": "gw-k3y", "gateway_worker_url": "http://10.0.0.5:30000", "gateway_min_healthy": 2,
+            "drain_timeout": 45}  # fmt: skip
+    result = run_module(capsys, args)
+    assert "gw-k3y" not in json.dumps(result)
+    options = chain.seen["options"]
+    assert options.gateways == ("http://10.0.0.9:30080", "http://10.0.0.10:30080")
+    assert (options.gateway_worker_url, options.gateway_min_healthy) == ("http://10.0.0.5:30000", 2)
+    assert (options.drain_timeout, options.gateway_wait_timeout, options.gateway_api_key) == (45, 120, "gw-k3y")
+
+
+def test_a_malformed_gateway_url_is_refused_before_the_chain_runs(capsys, chain):
+    result = run_module(capsys, {"unit": "sglang-t", "gateways": ["gateway-1:30080"]})
+    assert result["failed"] is True and result["option"] == "gateways"
+    assert "gateways must be an absolute http:// or https:// URL" in result["msg"]
+    assert chain.seen == {}
