@@ -225,6 +225,10 @@ def baseline_checkout(commit: str = BASELINE):
         link = root / "collections" / "ansible_collections" / "llmops" / "inference"
         link.parent.mkdir(parents=True)
         link.symlink_to(tree)
+        baseline_group_vars = tree / "tests" / "lab" / "inventory" / "group_vars" / "lab.yml"
+        group_vars = yaml.safe_load(baseline_group_vars.read_text())
+        group_vars.update(baseline_vars(group_vars))
+        baseline_group_vars.write_text(yaml.safe_dump(group_vars, sort_keys=False))
         yield tree, root / "collections", sha
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -245,6 +249,18 @@ def lab_group_vars() -> dict:
     for path in sorted((LAB_INVENTORY / "group_vars").glob("*.yml")):
         merged.update(yaml.safe_load(path.read_text()) or {})
     return merged
+
+
+# The baseline commit's unit sets no PATH, and the faithful lab's engine, like SGLang 0.5.23's JIT kernels, runs
+# the venv's bare `ninja` (tests/lab/README.md): without the venv's bin/ on PATH that commit's engine never loads.
+# Its side gets the one line an operator of that commit had to add to run 0.5.23, nothing else.
+BASELINE_PATH = "/opt/sglang/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def baseline_vars(variables: dict) -> dict:
+    """``variables`` with the venv's bin/ on the engine's PATH, for the baseline commit's role."""
+    environment = {**variables.get("sglang_service_environment", {}), "PATH": BASELINE_PATH}
+    return {**variables, "sglang_service_environment": environment}
 
 
 def engine_vars(load_s: float) -> dict:

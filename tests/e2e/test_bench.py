@@ -24,6 +24,7 @@ from benchdata import (
     Recorder,
     apply_role,
     baseline_checkout,
+    baseline_vars,
     chain_restart,
     engine_of,
     engine_vars,
@@ -91,7 +92,9 @@ def test_bench_restart_chain_against_systemctl_restart_and_a_health_loop(restart
             variables = engine_vars(load)
             with concurrent.futures.ThreadPoolExecutor(2) as pool:
                 ours = pool.submit(apply_role, lab, hosts["collection"], variables)
-                theirs = pool.submit(apply_role, lab, hosts["baseline"], variables, collections, baseline_inventory)
+                theirs = pool.submit(
+                    apply_role, lab, hosts["baseline"], baseline_vars(variables), collections, baseline_inventory
+                )
                 ours.result()
                 try:
                     theirs.result()
@@ -114,7 +117,9 @@ def test_bench_restart_chain_against_systemctl_restart_and_a_health_loop(restart
                     elif side == "collection":
                         fields = chain_restart(lab, host, variables, tmp_path)
                     else:
-                        fields = chain_restart(lab, host, variables, tmp_path, collections, baseline_inventory)
+                        fields = chain_restart(
+                            lab, host, baseline_vars(variables), tmp_path, collections, baseline_inventory
+                        )
                     bench.sample(**common, side=side, host=host, **fields)
     bench.finish()
     failed = [s for s in bench.data["samples"] if s["side"] == "collection" and not s["ok"]]
