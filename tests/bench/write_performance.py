@@ -352,11 +352,6 @@ def sweep_figures(data: dict) -> list:
         f"{'/'.join(map(str, settings['requests']['per_level']))} requests of {settings['bench']['max_new_tokens']} "
         f"tokens after {settings['requests']['warmup']} warm-up request(s)"
     )
-    levels_note = (
-        ""
-        if settings["levels_supported"]
-        else f" (this commit's sweep has no load levels: one level, concurrency {settings['levels'][0]})"
-    )
     whole = "the whole `ansible-playbook playbooks/spec_sweep.yml` run, process start to exit (plan, host set-up, " \
             "points, final restore and report)"  # fmt: skip
     return [
@@ -397,7 +392,7 @@ def sweep_figures(data: dict) -> list:
         Figure(
             "sweep_three_hosts",
             "Sweep on 3 hosts vs 1, whole playbook",
-            f"spec_sweep.yml on three hosts against the same grid on one host, in the same run{levels_note}",
+            "spec_sweep.yml on three hosts against the same grid on one host, in the same run",
             "the one-host playbook's wall time (process start to exit)",
             "the three-host playbook's wall time (process start to exit)",
             paired(data, one, three),
@@ -412,7 +407,7 @@ def sweep_figures(data: dict) -> list:
         Figure(
             "sweep_levels",
             "Sweep with load levels / (points x one load + benchmark time)",
-            f"the points phase of spec_sweep.yml on one host against the engine time it cannot avoid{levels_note}",
+            "the points phase of spec_sweep.yml on one host against the engine time it cannot avoid",
             "from the start of the points play to the start of the host's final restore (tasks/sweep_finish.yml), "
             "bench_timer",
             f"{points} points x the median fork-to-ready of the sweep's loads + the plain client's time for the same "

@@ -35,7 +35,7 @@ from benchdata import (
     push_operator_scripts,
     timed_playbook,
 )
-from labutil import install_unit, sh
+from labutil import SERVICE_PATH, install_unit, sh
 
 pytestmark = pytest.mark.bench
 
@@ -262,6 +262,7 @@ HANG_UNIT = """\
 [Unit]
 Description=An engine whose generation hangs while /health answers
 [Service]
+Environment={path}
 ExecStart=/opt/sglang/venv/bin/python -m sglang_sim.launch_server --model-path {model} --tp-size 1 --port 30000 \
  --enable-metrics --sim-load-time 0.5 --sim-warmup-time 0.2 --sim-fault {fault}
 """
@@ -317,7 +318,7 @@ def test_bench_progress_tier_on_a_hung_engine(one_host, tmp_path):
     host = lab.hosts[0]
     unit = "t-bench-hang.service"
     bench = Recorder("progress", lab, {"window_s": PROGRESS_WINDOW, "fault": HANG_FAULT, "stuck_requests": 4})
-    install_unit(lab, host, unit, HANG_UNIT.format(model=MODEL, fault=HANG_FAULT))
+    install_unit(lab, host, unit, HANG_UNIT.format(model=MODEL, fault=HANG_FAULT, path=SERVICE_PATH))
     try:
         sh(lab, host, f"systemctl start {unit}")
         sh(

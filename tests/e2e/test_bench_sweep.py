@@ -41,7 +41,8 @@ PLAYBOOK = REPO / "playbooks" / "spec_sweep.yml"
 STEPS = [int(value) for value in os.environ.get("LLMOPS_BENCH_SWEEP_STEPS", "1,2,3,4,5,6").split(",")]
 LOAD_S = os.environ.get("LLMOPS_BENCH_SWEEP_LOAD_S", "5")
 LEVELS = [int(value) for value in os.environ.get("LLMOPS_BENCH_SWEEP_LEVELS", "1,4").split(",")]
-BENCH = {"num_prompts": 4, "concurrency": LEVELS[-1], "max_new_tokens": 32}
+# Per level max(num_prompts, concurrency) requests, as sglang_bench sends them.
+BENCH = {"num_prompts": 4, "max_new_tokens": 32}
 SIZING = {"sweep_repeats": 1, "sweep_warmup_requests": 1}
 ROLE_VARS = {
     "sglang_service_model_path": "Qwen/Qwen3-8B",
@@ -82,20 +83,12 @@ print(json.dumps([int(entry["__REALTIME_TIMESTAMP"]) / 1e6 for entry in map(json
 """
 
 
-def levels_supported() -> bool:
-    return "sweep_concurrency" in PLAYBOOK.read_text()
-
-
 def requests_spec() -> dict:
     """The requests sglang_bench sends for this sizing (its built-in prompts), for the plain client."""
     prompts = runpy.run_path(str(REPO / "plugins" / "module_utils" / "bench_prompts.py"))["builtin_prompts"]
-    levels = LEVELS if levels_supported() else [BENCH["concurrency"]]
-    per_level = (
-        (lambda level: max(BENCH["num_prompts"], level)) if levels_supported() else (lambda level: BENCH["num_prompts"])
-    )
     return {
         "warmup": prompts(SIZING["sweep_warmup_requests"]),
-        "levels": [{"concurrency": level, "prompts": prompts(per_level(level))} for level in levels],
+        "levels": [{"concurrency": level, "prompts": prompts(max(BENCH["num_prompts"], level))} for level in LEVELS],
         "repeats": SIZING["sweep_repeats"],
         "max_new_tokens": BENCH["max_new_tokens"],
         "ignore_eos": True,
@@ -104,12 +97,15 @@ def requests_spec() -> dict:
 
 
 def sweep_vars(hosts: str, results_dir: Path) -> dict:
-    variables = dict(
-        ROLE_VARS, sweep_hosts=hosts, sweep_steps=STEPS, sweep_bench=BENCH, sweep_results_dir=str(results_dir), **SIZING
+    return dict(
+        ROLE_VARS,
+        sweep_hosts=hosts,
+        sweep_steps=STEPS,
+        sweep_concurrency=LEVELS,
+        sweep_bench=BENCH,
+        sweep_results_dir=str(results_dir),
+        **SIZING,
     )
-    if levels_supported():
-        variables["sweep_concurrency"] = LEVELS
-    return variables
 
 
 def engine_loads(lab, host: str, since: float) -> list:
@@ -220,7 +216,6 @@ def test_bench_sweep_against_a_bench_speculative_loop_and_three_hosts(four_hosts
             "steps": STEPS,
             "load_s": float(LOAD_S),
             "levels": [level["concurrency"] for level in spec["levels"]],
-            "levels_supported": levels_supported(),
             "bench": BENCH,
             **SIZING,
             "role": ROLE_VARS,

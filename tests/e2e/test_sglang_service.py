@@ -1,7 +1,8 @@
 """The sglang_service role on real systemd with the simulated engine.
 
 Every test applies the role through a play in tests/e2e/playbooks/, with the lab's inventory variables (the
-simulated engine's module and the venv's Python) passed as extra vars.
+simulated engine's module and the venv's Python) passed as extra vars. A restart loop of a unit as found on real
+hosts (orphaned schedulers) and a model that never loads are the molecule scenario sglang_service_failures'.
 """
 
 from __future__ import annotations
@@ -13,17 +14,14 @@ import pytest
 import yaml
 from labutil import (
     SERVICE_LAB_VARS,
-    alive,
     argv_of,
     environ_of,
     fingerprint,
-    install_unit,
     lock_held,
     restore_known_good,
     run_play,
     sh,
     unit_show,
-    wait_healthy,
     wait_until,
 )
 
@@ -40,20 +38,6 @@ CONFIG = f"/etc/llmops/{NAME}.yaml"
 TRICKY_NAME = "a b%c$d\"e'f\\g"
 TRICKY_ENV = "x y$HOME \"q\" 'r' `b` \\ #z %n"
 API_KEY = "s3cret key$1"
-
-BAD_UNIT = f"""\
-[Unit]
-Description=SGLang as found on real hosts
-StartLimitIntervalSec=0
-
-[Service]
-Environment=SGLANG_SIM_FAULTS=orphan-schedulers,slow-drain
-ExecStart={VENV_PYTHON} -m sglang_sim.launch_server --model-path Qwen/Qwen3-8B --tp-size 2 --sim-load-time 1
-KillMode=process
-TimeoutStopSec=60
-Restart=on-failure
-RestartSec=1
-"""
 
 WATCHED = f"/etc/systemd/system /etc/llmops /usr/local/libexec/llmops /usr/local/lib/llmops /var/lib/llmops {LOCK}"
 
@@ -143,65 +127,6 @@ def test_fresh_host_serves_quoted_arguments_and_a_rerun_changes_nothing(clean_la
     assert f"refusing to start {UNIT}: 1 GPU(s) hold more than 1024 MiB" in journal
     assert f"pid {hog} 'gpu-hog' 2000 MiB" in journal
     sh(clean_lab, host, f"kill {hog}")
-
-
-def test_restart_loop_of_a_bad_unit_is_ended_its_orphans_reaped_and_the_gate_passes(clean_lab, tmp_path):
-    host = clean_lab.hosts[0]
-    install_unit(clean_lab, host, UNIT, BAD_UNIT)
-    sh(clean_lab, host, f"systemctl start {UNIT}")
-    wait_healthy(clean_lab, host)
-    # What systemd does at TimeoutStopSec with KillMode=process: SIGKILL for the main process only.
-    sh(clean_lab, host, f"systemctl kill --signal=SIGKILL --kill-whom=main {UNIT}")
-    orphans = [int(pid) for pid in sh(clean_lab, host, "pgrep -f '^sglang::scheduler' || true").split()]
-    assert len(orphans) == 2
-    wait_until(lambda: int(show(clean_lab, host)["NRestarts"]) >= 2, 60, "the restart loop")
-
-    run = run_play(
-        clean_lab,
-        tmp_path,
-        host,
-        "service_role",
-        {"sglang_service_environment": {"SGLANG_SIM_FAULTS": "orphan-schedulers,slow-drain"}},
-    )
-    assert run.ok, run.output
-    gate = run.gate()
-    assert gate["healthy"] is True
-    # The loop is killed (SIGKILL to the whole cgroup, the orphaned schedulers included), not drained.
-    assert gate["stop_mode"] == "kill"
-    assert not [pid for pid in orphans if alive(clean_lab, host, pid)]
-    first = show(clean_lab, host)
-    assert first["ActiveState"] == "active" and first["NRestarts"] == "0"
-    time.sleep(3)
-    assert show(clean_lab, host)["MainPID"] == first["MainPID"]
-    assert "llmops-gate gpu-free: GPUs free" in sh(clean_lab, host, f"journalctl -u {UNIT} --no-pager -n 200")
-
-
-def test_never_loading_model_fails_on_the_gpu_tier_after_the_start_limit_and_the_unit_does_not_flap(
-    clean_lab, tmp_path
-):
-    host = clean_lab.hosts[0]
-    sh(clean_lab, host, f"rm -rf {KNOWN_GOOD}")
-    run = run_play(
-        clean_lab,
-        tmp_path,
-        host,
-        "service_role",
-        {"sglang_service_environment": {"SGLANG_SIM_FAULTS": "never-load"}, "sglang_service_probe_wait_timeout": 5},
-    )
-    assert not run.ok
-    assert f"{UNIT} failed its gate: gpu tier: " in run.output
-    assert "(after 3 starts, the unit's start limit; the last one is left running)" in run.output
-    assert "last 30 journal lines:" in run.output
-    first = show(clean_lab, host)
-    time.sleep(3)
-    second = show(clean_lab, host)
-    # The engine never finishes its warm-up, so the unit waits behind its readiness gate (ExecStartPost): still
-    # the same start, not a restart loop.
-    assert (first["ActiveState"], first["SubState"]) == (second["ActiveState"], second["SubState"])
-    assert (second["ActiveState"], second["SubState"]) == ("activating", "start-post")
-    assert first["MainPID"] == second["MainPID"] and second["NRestarts"] == "0"
-    assert clean_lab.exec(host, f"test -e {KNOWN_GOOD}/current").returncode != 0, run.output
-    assert lock_held(clean_lab, host, LOCK) is False
 
 
 def test_crash_on_load_ends_failed_within_the_start_limit(clean_lab, tmp_path):
