@@ -103,3 +103,21 @@ def test_the_page_is_the_same_from_the_same_files_and_names_what_was_not_measure
     assert "Measured 2026-01-02 03:00 UTC to 2026-01-02 03:05 UTC" in first
     (data_dir / "performance.md").write_text(first + "edited\n")
     assert write_performance.main(["--check"]) == 1
+
+
+def test_the_baseline_comparison_uses_the_chain_with_the_baselines_gate_when_it_was_measured(data_dir):
+    _run, files = write_performance.load_run(None)
+    data = files["restart"]
+    for round_number, same_gate in enumerate((8.0, 9.0, 10.0)):
+        data["samples"].append({"round": round_number, "load_s": 10.0, "side": "same_gate", "seconds": same_gate})
+    figures = {figure.key: figure for figure in write_performance.restart_figures(data)}
+    against_baseline = figures["restart_10s_baseline"]
+    # same_gate / baseline in the rounds where the baseline succeeded: 8/11 and 10/13
+    assert against_baseline.values == pytest.approx([8 / 11, 10 / 13])
+    assert against_baseline.met is True
+    assert "with the probe gate's stability window set to 0 s" in against_baseline.numerator
+    assert any(line.startswith("this commit's chain with its own 5 s window / the baseline's: 1.00") for line in
+               against_baseline.context)  # fmt: skip
+    window = [line for line in figures["restart_10s"].context if "stability window" in line]
+    assert window == ["of which the probe gate's stability window (the same chain with window 0 s, run alongside): "
+                      "3.00 s [3.00 s to 3.00 s], 3 runs"]  # fmt: skip
