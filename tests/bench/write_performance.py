@@ -355,6 +355,19 @@ def task_files(one_host: list) -> str:
     return ", ".join(f"`{name}` {seconds:.1f} s" for name, seconds in top) or "not recorded"
 
 
+def task_time_by_file(runs: list) -> list:
+    """A context line: where the playbook's task time goes, per task file (bench_timer), median over the runs."""
+    per_file = {}
+    for run in runs:
+        for path, spent in (run.get("task_seconds_by_file") or {}).items():
+            per_file.setdefault(path, []).append(spent)
+    if not per_file:
+        return []
+    medians = sorted(((statistics.median(spent), path) for path, spent in per_file.items()), reverse=True)
+    listed = ", ".join(f"{path} {num(spent, ' s')}" for spent, path in medians)
+    return [f"task time by file, median of the runs: {listed}"]
+
+
 def sweep_figures(data: dict) -> list:
     settings = data["settings"]
     points = len(settings["steps"])
@@ -396,10 +409,15 @@ def sweep_figures(data: dict) -> list:
             "",
             "<= 1.05",
             at_most(1.05),
-            [f"sweep playbook {show(seconds(data, **one), ' s')}; operator's loop {show(seconds(data, **op), ' s')}"],
-            "per point the playbook runs the drop-in's tasks, the restart chain (lock, drain, reaper check, probe "
-            "gate with its generation, snapshot) and a module run per level and per record; the loop runs "
-            "`systemctl restart` and its requests; the fixed cost per point weighs most at short loads",
+            [
+                f"sweep playbook {show(seconds(data, **one), ' s')}; operator's loop {show(seconds(data, **op), ' s')}",
+                *task_time_by_file(samples(data, **one)),
+            ],
+            "per point the playbook runs the drop-in's tasks, the role's preflight and validation, the restart chain "
+            "(lock, drain through SGLang's 5 s SIGTERM watchdog, reaper check, probe gate with its generation and "
+            "its 5 s stability window, snapshot) and a module run per level and per record (the task time by file "
+            "above); the loop runs `systemctl restart` and its requests; the fixed cost per point weighs most at "
+            "short loads",
         ),
         Figure(
             "sweep_vs_engine",
