@@ -38,7 +38,7 @@ class Scrapes:
 
 @pytest.fixture
 def replicas():
-    gateways = [FakeGateway("smg", api_key=ADMIN_KEY, model=MODEL).start() for _ in range(2)]
+    gateways = [FakeGateway("smg", api_key=ADMIN_KEY, model=MODEL).start() for _replica in range(2)]
     yield gateways
     for gateway in gateways:
         gateway.stop()
