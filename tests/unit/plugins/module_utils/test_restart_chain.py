@@ -279,15 +279,19 @@ class World:
         self.store = FakeStore()
         self.locks = FakeLocks()
         self.health_answers = []
+        self.runner = self.unit
 
     def health(self):
         return self.health_answers.pop(0) if len(self.health_answers) > 1 else self.health_answers[0]
 
     def chain(self, **overrides) -> RestartChain:
-        params = {**PARAMS, **overrides}
+        return self.build({**PARAMS, **overrides})
+
+    def build(self, params: dict, **stand_ins) -> RestartChain:
+        """The chain on this world's stand-ins (``stand_ins`` adds or replaces some)."""
         return RestartChain(
             parse_chain_options(params),
-            self.unit,
+            self.runner,
             clock=self.clock,
             sleep=self.clock.sleep,
             reap=self.reaper,
@@ -295,6 +299,7 @@ class World:
             health=self.health,
             store=self.store,
             locks=self.locks,
+            **stand_ins,
         )
 
     def run(self, check_mode=False, **overrides) -> dict:

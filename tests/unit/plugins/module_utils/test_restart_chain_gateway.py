@@ -77,18 +77,7 @@ class GatewayWorld(World):
             "drain_timeout": 5,
             **overrides,
         }
-        return RestartChain(
-            parse_chain_options(params),
-            self.runner,
-            clock=self.clock,
-            sleep=self.clock.sleep,
-            reap=self.reaper,
-            probe=self.probe,
-            health=self.health,
-            store=self.store,
-            locks=self.locks,
-            scrape=self.scrapes,
-        )
+        return self.build(params, scrape=self.scrapes)
 
 
 def test_the_worker_leaves_every_replica_before_the_stop_and_rejoins_each_after_the_gate(replicas):
