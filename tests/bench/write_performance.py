@@ -274,6 +274,7 @@ def probe_figures(data: dict) -> list:
 
 
 def progress_figures(data: dict) -> list:
+    clients = data["settings"]["stuck_clients"]
     window = data["settings"]["window_s"]
     full = samples(data, side="collection")
     detection = [s["seconds"] if s.get("detected") else None for s in full]
@@ -291,7 +292,8 @@ def progress_figures(data: dict) -> list:
             "progress_detection",
             "Progress tier: time to name a hung engine",
             f"the full probe with progress_window {window:g} s on an engine whose generation is stuck while /health "
-            f"answers (lab fault {data['settings']['fault']}, 4 requests held), against an operator's `curl -sf "
+            f"answers (lab fault {data['settings']['fault']}, {clients} clients whose requests never finish), "
+            "against an operator's `curl -sf "
             "/health` on the same engine",
             "the Probe task's wall time (bench_timer: start on the host to the result on the controller) with the "
             "engine already hung; a run in which the probe did not name the hang counts as not measured",
