@@ -35,7 +35,7 @@ from benchdata import (
     push_operator_scripts,
     timed_playbook,
 )
-from labutil import SERVICE_PATH, install_unit, sh
+from labutil import SERVICE_PATH, install_unit, sh, wait_ready
 
 pytestmark = pytest.mark.bench
 
@@ -279,7 +279,7 @@ ExecStart=/opt/sglang/venv/bin/python -m sglang_sim.launch_server --model-path {
 STUCK_CLIENTS = """
 import http.client, json, threading, time
 def stuck():
-    # Sent again while the engine answers at once (not up, or still warming up): from then on it never answers.
+    # Sent again while the engine refuses the connection: from then on it never answers.
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
         connection = http.client.HTTPConnection("127.0.0.1", 30000, timeout=600)
@@ -333,6 +333,9 @@ def test_bench_progress_tier_on_a_hung_engine(one_host, tmp_path):
     install_unit(lab, host, unit, HANG_UNIT.format(model=MODEL, fault=HANG_FAULT, path=SERVICE_PATH))
     try:
         sh(lab, host, f"systemctl start {unit}")
+        # Ready first: a request that arrives during the warm-up hangs the warm-up too, and the engine that never
+        # became ready answers /health 503 at once; the benchmark is of an engine that hangs once it serves.
+        wait_ready(lab, host, timeout=60)
         sh(
             lab,
             host,
