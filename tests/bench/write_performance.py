@@ -642,13 +642,21 @@ def verdict(figure: Figure) -> str:
     return "met" if figure.met else "**missed**"
 
 
+def benchmark_line(name: str, data: dict) -> str:
+    commit = f"`{data['commit']['sha'][:12]}`" + (" with uncommitted changes" if data["commit"]["dirty"] else "")
+    lab = data["lab"]
+    load = " ".join(map(str, data["machine"]["load_average_at_start"]))
+    return (
+        f"  - {name}: commit {commit}, {lab['hosts']} host(s) with {lab['gpus_per_host']} simulated GPUs each "
+        f"(lab `{lab['name']}`), load average {load}, started {utc(data['started'])}.\n"
+    )
+
+
 def header(run: str, files: dict) -> list:
     first = next(iter(files.values()))
     machine = first["machine"]
-    commits = sorted({(d["commit"]["sha"], d["commit"]["dirty"]) for d in files.values()})
     started = min(d["started"] for d in files.values())
     finished = max(d["finished"] or d["started"] for d in files.values())
-    commit_text = "; ".join(f"`{sha[:12]}`" + (" with uncommitted changes" if dirty else "") for sha, dirty in commits)
     return [
         "# Performance\n\n",
         "Measured by `make bench` on lab hosts (systemd-nspawn containers with real systemd and SSH, simulated GPUs "
@@ -669,12 +677,11 @@ def header(run: str, files: dict) -> list:
         "## The run\n\n",
         f"- Raw data: [`docs/performance/{run}/`](performance/{run}/) ({len(files)} files: one per benchmark, every "
         "sample with its start and stop time, the lab settings, the machine and the commit).\n",
-        f"- Commit: {commit_text}. Measured {utc(started)} to {utc(finished)}.\n",
+        f"- Measured {utc(started)} to {utc(finished)}.\n",
         f"- Machine: {machine['cores']} CPU cores, {machine['memory_gib']:g} GiB memory, Linux {machine['kernel']}, "
-        f"Python {machine['python']}, {machine['ansible']}; load average at the start "
-        f"{' '.join(map(str, machine['load_average_at_start']))}.\n",
-        f"- Lab: {first['lab']['hosts']} hosts with {first['lab']['gpus_per_host']} simulated GPUs each (lab "
-        f"`{first['lab']['name']}`).\n",
+        f"Python {machine['python']}, {machine['ansible']}.\n",
+        "- Per benchmark (its commit, its lab, the machine's load average when it started):\n",
+        *(benchmark_line(name, data) for name, data in sorted(files.items(), key=lambda item: item[1]["started"])),
         "- Regenerate this page from the committed data: `python tests/bench/write_performance.py` (add "
         "`--run NAME` for another run under docs/performance/). Measure again: `make bench` as root.\n\n",
     ]
