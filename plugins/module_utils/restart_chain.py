@@ -19,7 +19,9 @@ One run, each step timed and reported::
   gateways, and the result's ``gateway`` field says where it is.
 
 - stop: a unit caught in a restart loop is killed with SIGKILL (it serves nothing, and a drain would only wait
-  for processes that may ignore SIGTERM); a running unit is stopped, which runs its ExecStop drain.
+  for processes that may ignore SIGTERM); a running unit is stopped, which runs its ExecStop drain. A loop is
+  seen between two starts (auto-restart), during a start, or in the moment a restarted unit without a readiness
+  gate is active while its engine is not ready (the engine's cheap readiness endpoint says so; nothing to drain).
 - reap: GPU holders left in the unit's cgroup, then orphans titled ``^sglang::`` on the unit's GPUs, and a
   wait until every GPU of the unit is at or below the threshold (memory is released after its holder exits).
   A reaper that reports ``unreapable`` holders stops the chain before the start: the unit stays stopped.
@@ -282,8 +284,12 @@ def _probe_settings(options: ChainOptions, wait_timeout: float, soak: int = 0) -
     return settings
 
 
-def stop_mode(state) -> tuple:
-    """``(mode, why)``: ``kill`` a unit caught in a restart loop, ``drain`` a running one, ``none`` otherwise."""
+def stop_mode(state, engine_ready=None) -> tuple:
+    """``(mode, why)``: ``kill`` a unit caught in a restart loop, ``drain`` a running one, ``none`` otherwise.
+
+    ``engine_ready`` (called only for an active unit that systemd has restarted) returns None when the engine is
+    ready, else why not: such a unit is in its loop's running phase, serving nothing.
+    """
     described = f"ActiveState={state.active_state}, SubState={state.sub_state}, NRestarts={state.n_restarts}"
     looping = state.sub_state == "auto-restart" or (
         state.active_state in ("activating", "deactivating") and state.n_restarts > 0
@@ -291,6 +297,9 @@ def stop_mode(state) -> tuple:
     if looping:
         return "kill", f"in a restart loop ({described}): killed with SIGKILL, not drained"
     if state.active_state in RUNNING_STATES:
+        not_ready = engine_ready() if engine_ready and state.n_restarts > 0 else None
+        if not_ready:
+            return "kill", f"in a restart loop ({described}; {not_ready}): killed with SIGKILL, not drained"
         how = "its ExecStop drain" if state.properties.get("ExecStop") else "SIGTERM to the whole unit (no ExecStop)"
         return "drain", f"{state.active_state} ({state.sub_state}): stopped through {how}"
     return "none", f"{state.active_state} ({state.sub_state or '-'}): nothing to stop"
@@ -365,6 +374,7 @@ class RestartChain:
         reap=None,
         probe=None,
         health=None,
+        ready=None,
         store=KnownGoodStore,
         locks=_host_lock,
         scrape=None,
@@ -377,6 +387,7 @@ class RestartChain:
         self.reap = reap or self._host_reap
         self.probe = probe or self._host_probe
         self.health = health or self._host_health
+        self.ready = ready or self._host_ready
         self.store = store
         self.locks = locks
         self.redactor = Redactor([options.api_key, options.gateway_api_key, *options.secrets])
@@ -445,6 +456,17 @@ class RestartChain:
 
     def _host_health(self) -> int:
         return self._client(HEALTH_TIMEOUT_S).health()
+
+    def _host_ready(self) -> int:
+        return self._client(HEALTH_TIMEOUT_S).ready()[1]
+
+    def _engine_not_ready(self) -> str | None:
+        """None when the engine's readiness endpoint answers 200, else what it answered."""
+        try:
+            status = self.ready()
+        except SglangError as exc:
+            return f"the engine is not ready: {exc}"
+        return None if status == 200 else f"the engine is not ready: HTTP {status}"
 
     def _host_in_flight(self):
         try:
@@ -608,7 +630,7 @@ class RestartChain:
     # -- stop, reap, start ----------------------------------------------------------------------
 
     def _stop(self, state, attempt: int) -> None:
-        mode, why = stop_mode(state)
+        mode, why = stop_mode(state, self._engine_not_ready)
         self.result["stop_mode"] = mode
         unit = self.options.unit
         with self.steps.run("stop", attempt) as step:
@@ -913,7 +935,7 @@ class RestartChain:
 
     def _plan(self, before) -> None:
         """Check mode: what the chain would do, from what it reads; nothing is changed."""
-        mode, why = stop_mode(before)
+        mode, why = stop_mode(before, self._engine_not_ready)
         plan = {"stop": {"mode": mode, "why": why}, "reap": {}}
         leftovers, orphans = self._reap_params()
         scopes = [("orphans", orphans)]

@@ -24,10 +24,11 @@ description:
   - C(drain_wait) - polls the engine's own C(/metrics) until C(sglang:num_running_reqs) and C(sglang:num_queue_reqs)
     are both 0, at most O(drain_timeout) seconds; a budget that ends first is the status C(expired) with the counts
     left, and the chain stops the unit anyway. An engine whose C(/metrics) does not answer has nothing to drain.
-  - C(stop) - a unit caught in a restart loop (waiting to restart, or starting again after automatic restarts) is
-    killed with SIGKILL; it serves nothing, and a drain would only wait for processes that may ignore SIGTERM. A
-    running unit is stopped with C(systemctl stop), which runs its C(ExecStop) drain (the sglang_service role's unit
-    sends SIGTERM to the main process alone and waits until no request is in flight) within C(TimeoutStopSec).
+  - C(stop) - a unit caught in a restart loop (waiting to restart, starting again after automatic restarts, or
+    active again after them while its engine's C(/ready) does not answer 200) is killed with SIGKILL; it serves
+    nothing, and a drain would only wait for processes that may ignore SIGTERM. A running unit is stopped with
+    C(systemctl stop), which runs its C(ExecStop) drain (the sglang_service role's unit sends SIGTERM to the main
+    process alone and waits until no request is in flight) within C(TimeoutStopSec).
   - C(reset_failed) - clears the failed state and the start counter; systemd counts the chain's own starts against
     C(StartLimitBurst).
   - C(reap) - reaps GPU holders left in the unit's cgroup, then processes titled C(^sglang::) that were orphaned on

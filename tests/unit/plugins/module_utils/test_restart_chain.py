@@ -22,6 +22,7 @@ from ansible_collections.llmops.inference.plugins.module_utils.restart_chain imp
     RestartChain,
     parse_chain_options,
 )
+from ansible_collections.llmops.inference.plugins.module_utils.sglang import SglangError
 
 UNIT = "sglang-t.service"
 KEY = "k3y-s3cret"
@@ -61,6 +62,8 @@ class FakeUnit:
             self.run.started, self.run.pid = -10.0, 3999
         elif state == "loop":
             self.fixed = {"ActiveState": "activating", "SubState": "auto-restart", "MainPID": "0", "NRestarts": "4"}
+        elif state == "restarted":  # active again after systemd restarted it twice
+            self.fixed = {"ActiveState": "active", "SubState": "running", "MainPID": "3990", "NRestarts": "2"}
         elif state == "failed":
             self.fixed = {"ActiveState": "failed", "SubState": "failed", "Result": "exit-code", "MainPID": "0"}
 
@@ -279,10 +282,17 @@ class World:
         self.store = FakeStore()
         self.locks = FakeLocks()
         self.health_answers = []
+        self.ready_answers = [200]
         self.runner = self.unit
 
     def health(self):
         return self.health_answers.pop(0) if len(self.health_answers) > 1 else self.health_answers[0]
+
+    def ready(self):
+        answer = self.ready_answers.pop(0) if len(self.ready_answers) > 1 else self.ready_answers[0]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
 
     def chain(self, **overrides) -> RestartChain:
         return self.build({**PARAMS, **overrides})
@@ -297,6 +307,7 @@ class World:
             reap=self.reaper,
             probe=self.probe,
             health=self.health,
+            ready=self.ready,
             store=self.store,
             locks=self.locks,
             **stand_ins,
@@ -412,6 +423,27 @@ def test_unit_in_a_restart_loop_is_killed_instead_of_drained():
     assert result["stop_mode"] == "kill"
     loop = "in a restart loop (ActiveState=activating, SubState=auto-restart, NRestarts=4)"
     assert loop in result["steps"][3]["detail"]
+
+
+def test_a_restarted_unit_caught_active_while_its_engine_is_not_ready_is_killed():
+    refused = SglangError("cannot reach http://127.0.0.1:30000/ready: refused")
+    for answer, why in ((refused, "refused"), (503, "HTTP 503")):
+        world = World("restarted")
+        world.ready_answers = [answer]
+        result = world.run()
+        assert result["healthy"] is True
+        assert world.unit.verbs() == ["kill", "stop", "reset-failed", "start"]
+        assert result["stop_mode"] == "kill"
+        detail = result["steps"][3]["detail"]
+        assert "in a restart loop (ActiveState=active, SubState=running, NRestarts=2; the engine is not ready" in detail
+        assert why in detail
+
+
+def test_a_restarted_unit_whose_engine_is_ready_is_drained():
+    world = World("restarted")
+    result = world.run()
+    assert world.unit.verbs() == ["stop", "reset-failed", "start"]
+    assert result["stop_mode"] == "drain"
 
 
 def test_holders_found_by_the_reap_make_the_probe_soak(monkeypatch):
