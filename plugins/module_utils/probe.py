@@ -185,6 +185,9 @@ class SglangProbe:
 
     def _attempt(self) -> Attempt:
         attempt = Attempt()
+        if "progress" in self.settings.tiers and self.settings.progress_window:
+            # The progress window opens before the tiers ahead of it, so that their time counts towards it.
+            attempt.progress_opening = self._opening_scrape()
         for name in TIER_NAMES:
             if name not in self.settings.tiers:
                 attempt.tiers[name] = TierResult(name, SKIPPED, "not requested")
@@ -365,6 +368,13 @@ class SglangProbe:
         samples = self.client.metric_samples(PROGRESS_METRICS)
         return MetricsSnapshot(samples, self.clock())
 
+    def _opening_scrape(self) -> MetricsSnapshot | None:
+        """The window's first scrape, or None when it failed (the tier scrapes again, and says why if it fails)."""
+        try:
+            return self._scrape()
+        except SglangError:
+            return None
+
     def _check_progress(self, attempt: Attempt) -> str:
         """Two or more /metrics scrapes up to ``progress_window`` apart: requests running or queued while no token
         is generated is a hang. Ends early once tokens are generated or the requests are gone."""
@@ -372,7 +382,7 @@ class SglangProbe:
         if not window:
             raise TierSkip("no progress_window set")
         try:
-            first = self._scrape()
+            first = attempt.progress_opening or self._scrape()
         except SglangHTTPError as exc:
             if exc.status != 404:
                 raise TierFailure(f"cannot read /metrics: {exc}") from None

@@ -44,6 +44,7 @@ class Attempt:
         self.generation = None
         self.gpu_errors = []
         self.progress = {}
+        self.progress_opening = None
         self.soak = {}
         self.hung = False
 

@@ -19,9 +19,10 @@ description:
   - C(gpu) - the processes in the unit's cgroup hold at least O(min_gpu_memory_mib) on each expected GPU
     (O(expected_gpus), else O(tp_size), else all GPUs; a MIG device counts as a GPU of its own), which catches a
     unit that is active while the model never loaded. Without O(unit), the GPUs' used memory is checked instead.
-  - "C(progress) (with O(progress_window)) - C(/metrics) is scraped, and again every 0.5 s for up to
-    O(progress_window) seconds; requests running or queued (C(sglang:num_running_reqs), C(sglang:num_queue_reqs))
-    at the first scrape and at the end of the window while the token counters (C(sglang:generation_tokens_total),
+  - "C(progress) (with O(progress_window)) - C(/metrics) is scraped when the probe starts (so the C(unit) and
+    C(gpu) tiers run inside the window), and again every 0.5 s until O(progress_window) seconds have passed;
+    requests running or queued (C(sglang:num_running_reqs), C(sglang:num_queue_reqs)) at the first scrape and at
+    the end of the window while the token counters (C(sglang:generation_tokens_total),
     C(sglang:realtime_tokens_total)) did not grow is a hang, reported as
     C(hung: 3 running, 5 queued, no token generated in 10 s). It passes at once on an idle engine, and as soon as
     tokens are generated or the requests are gone. It runs before the HTTP tiers, since a hung engine keeps

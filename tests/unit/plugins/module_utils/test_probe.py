@@ -558,6 +558,26 @@ def test_progress_tier_fails_a_hung_engine_with_the_counts_and_the_window(server
     assert script.calls == 1 + 20, "one scrape, then one every 0.5 s of the window"
 
 
+def test_the_tiers_before_progress_count_towards_its_window(server):
+    clock = FakeClock()
+
+    listings = []
+
+    def slow_gpu_listing():
+        listings.append(clock.now)
+        if len(listings) == 1:
+            clock.now += 3.0  # the gpu tier's listing takes 3 s (later ones look for unreapable memory)
+        return loaded_gpus()
+
+    hung = metrics_text(running=3, queued=5, generated=480, processed=9000)
+    probe, script = progress_probe(server, hung, clock=clock, gpu_reader=slow_gpu_listing)
+    result = probe.run()
+    assert_failed(result, "progress", "hung: 3 running, 5 queued, no token generated in 10 s")
+    assert result["progress"]["observed_s"] == 10.0
+    assert listings[:2] == [0.0, 10.0], "the window opened before the GPU listing, not after it"
+    assert script.calls == 1 + 14, "the opening scrape, then one every 0.5 s of the 7 s left"
+
+
 def test_progress_tier_detects_a_hang_within_the_window_plus_a_fraction_of_a_second(server):
     server.routes["/metrics"] = json_route(metrics_text(running=2, queued=1, generated=10))
     probe = make_probe(server, tiers=["progress"], progress_window=0.6)
