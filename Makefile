@@ -14,6 +14,7 @@ APT_PACKAGES := debootstrap systemd-container iproute2 util-linux gcc make opens
 DEMO_LAB    ?= demo
 DEMO_HOSTS  ?= 3
 BENCH_LAB   ?= bench
+E2E_WORKERS ?= 2
 
 export ANSIBLE_COLLECTIONS_PATH := $(COLLECTIONS)
 export PATH := $(BIN):$(PATH)
@@ -64,10 +65,13 @@ sanity: venv ## ansible-test sanity from an ansible_collections/llmops/inference
 units: venv collection-link ## Unit tests (plugins, the lab's parts, the performance page's generator)
 	$(PYTHON) -m pytest -q tests/unit tests/lab/tests tests/bench/tests -m 'not lab'
 
-e2e: deps venv collection-link ## End-to-end tests on lab hosts (root)
+e2e: deps venv collection-link ## End-to-end tests on lab hosts (root); E2E_WORKERS labs side by side
 	# One rerun absorbs a rare hiccup of lab hosts that share a busy machine (a timing test that loses its
-	# race); a real failure fails twice and is reported with both runs.
-	$(PYTHON) -m pytest -q -p no:cacheprovider --reruns 1 --durations 15 tests/e2e tests/lab/tests -m 'lab and not bench'
+	# race); a real failure fails twice and is reported with both runs. Each worker boots a lab of its own and
+	# takes whole files (their tests share module fixtures); about half of a lab test's time is waits on hosts,
+	# so two labs fill a 2-core machine.
+	$(PYTHON) -m pytest -q -p no:cacheprovider --reruns 1 --durations 15 -n $(E2E_WORKERS) --dist loadfile \
+	  tests/e2e tests/lab/tests -m 'lab and not bench'
 
 molecule: deps venv collection-link ## Molecule scenarios on lab hosts (root)
 	cd extensions && $(BIN)/molecule test --all

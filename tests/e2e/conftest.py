@@ -2,7 +2,8 @@
 
 One lab is booted per test session and shared; ``lab.reset()`` puts every host back to a
 blank state between tests. ``LLMOPS_LAB_NAME`` picks the lab instance (default ``e2e``), so
-several sessions on one machine do not collide.
+several sessions on one machine do not collide; under pytest-xdist each worker boots a lab of its
+own, the name with the worker's letter (``e2ea``, ``e2eb``, ...).
 """
 
 from __future__ import annotations
@@ -169,9 +170,18 @@ def shell_quote(args: list[str]) -> str:
     return " ".join(shlex.quote(a) for a in args)
 
 
+def lab_name(suffix: str = "") -> str:
+    """This session's lab name (``LLMOPS_LAB_NAME``, default ``e2e``), with the xdist worker's letter and ``suffix``;
+    at most 6 characters, as the lab CLI accepts."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # gw0, gw1, ... under pytest-xdist
+    letter = chr(ord("a") + int(worker[2:])) if worker.startswith("gw") else ""
+    base = os.environ.get("LLMOPS_LAB_NAME", "e2e")
+    return base[: 6 - len(letter) - len(suffix)] + letter + suffix
+
+
 @pytest.fixture(scope="session")
 def lab():
-    name = os.environ.get("LLMOPS_LAB_NAME", "e2e")
+    name = lab_name()
     hosts = int(os.environ.get("LLMOPS_LAB_HOSTS", "3"))
     gpus = int(os.environ.get("LLMOPS_LAB_GPUS", "2"))
     yield from boot_lab(name, hosts, gpus)
@@ -180,11 +190,11 @@ def lab():
 @pytest.fixture(scope="module")
 def lab_gpus4(request):
     """A lab host with 4 GPUs: the session's lab when it has them (LLMOPS_LAB_GPUS=4), else a one-host lab of its own
-    (LLMOPS_LAB4_NAME, default the session lab's name with a 'q')."""
+    (LLMOPS_LAB4_NAME, default the session lab's name ending in 'q')."""
     if int(os.environ.get("LLMOPS_LAB_GPUS", "2")) >= 4:
         yield request.getfixturevalue("lab")
         return
-    name = os.environ.get("LLMOPS_LAB4_NAME") or (os.environ.get("LLMOPS_LAB_NAME", "e2e")[:5] + "q")
+    name = os.environ.get("LLMOPS_LAB4_NAME") or lab_name("q")
     yield from boot_lab(name, 1, 4)
 
 
