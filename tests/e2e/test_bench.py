@@ -202,6 +202,7 @@ def test_bench_reap_against_kill_sleep_kill_and_watching_nvidia_smi(one_host, tm
             pid = start_holder(lab, host)
             reap = {"pids": [pid], "grace": REAP_GRACE, "timeout": 30}
             run, results = run_tasks(lab, host, tmp_path, bench_reap=reap)
+            bench.sample(round=round_number, side="first_use", **task_interval(run, "First use of nvidia_reap", host))
             result = results["reap"]
             bench.sample(
                 round=round_number,
@@ -253,6 +254,7 @@ def test_bench_probe_against_its_own_generation_request(one_host, tmp_path):
                 ok=generation["done"],
             )
             run, results = run_tasks(lab, host, tmp_path, bench_probe=probe)
+            bench.sample(round=round_number, side="first_use", **task_interval(run, "First use of sglang_probe", host))
             result = results["probe"]
             bench.sample(
                 round=round_number,
@@ -390,6 +392,9 @@ def test_bench_progress_tier_on_a_hung_engine(one_host, tmp_path):
                     )
                 bench.sample(
                     round=round_number, side="ansible_task", **task_interval(run, "Ansible's own cost of a task", host)
+                )
+                bench.sample(
+                    round=round_number, side="first_use", **task_interval(run, "First use of sglang_probe", host)
                 )
     finally:
         sh(lab, host, "pkill -f '[s]tuck.py'; true")
