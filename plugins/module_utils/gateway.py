@@ -19,6 +19,7 @@ The restart chain uses :class:`GatewaySet` directly::
 
     gateways = GatewaySet(urls, api_key=key, timeout=10)
     gateways.remove(worker_url, min_healthy=1)   # refuse, or remove from every replica and wait until gone
+    gateways.remove(worker_url, until=OUT_OF_ROTATION)  # ... and wait only until no replica routes to it
     gateways.add(worker_url)                     # add where missing and wait until every replica says healthy
 """
 
@@ -43,6 +44,12 @@ ERROR_BODY_CHARS = 200
 # status, only is_healthy; the older router lists a worker only once it passed its health check.
 LISTED = "listed"
 READY_STATUSES = (None, "ready", LISTED)
+DRAINING = "draining"
+# What remove() waits for: the worker gone from every listing, or only out of rotation: gone, or listed as draining
+# and not healthy. smg 1.13.0 lists a removed worker as draining (is_healthy false, routed no new request) at once
+# and drops it about 5 s later; a caller that waits for the engine's own in-flight requests needs only the first.
+GONE = "gone"
+OUT_OF_ROTATION = "out of rotation"
 
 
 class GatewayError(Exception):
@@ -129,6 +136,11 @@ class Worker:
     @property
     def serving(self) -> bool:
         return bool(self.healthy) and self.status in READY_STATUSES
+
+    @property
+    def draining(self) -> bool:
+        """Listed on its way out: the gateway routes it no new request."""
+        return self.status == DRAINING and not self.healthy
 
     def to_dict(self) -> dict:
         return {"url": self.url, "id": self.id, "model": self.model, "healthy": self.serving, "status": self.status}
@@ -497,13 +509,19 @@ class GatewaySet:
         views = self._views(worker_url)
         result = MembershipResult(worker_url, "present", views, check_mode, self._warnings(views))
         missing = [view for view in views if view.find() is None]
+        # A removal still in progress (the worker left with until=OUT_OF_ROTATION): the gateway takes the URL
+        # again once its old entry is gone.
+        leaving = [view for view in views if view.find() is not None and view.find().draining]
         if check_mode:
-            for view in missing:
+            for view in missing + leaving:
                 view.action = "would add"
                 view.changed = True
                 view.after = [*view.before, Worker(worker_url, status="would add")]
             return result
         deadline = self._clock() + self.wait_timeout
+        if leaving:
+            self._wait(result, deadline, self._left, "done draining")
+            missing += leaving
         try:
             for view in missing:
                 remaining = max(deadline - self._clock(), view.client.timeout)
@@ -520,13 +538,22 @@ class GatewaySet:
         return result
 
     def remove(
-        self, worker_url: str, *, min_healthy: int = 1, wait: bool = True, check_mode: bool = False
+        self,
+        worker_url: str,
+        *,
+        min_healthy: int = 1,
+        wait: bool = True,
+        check_mode: bool = False,
+        until: str = GONE,
     ) -> MembershipResult:
         """Remove the worker from every gateway that lists it, unless that leaves a gateway with fewer than
-        ``min_healthy`` other healthy workers of the worker's model (then nothing is removed anywhere)."""
+        ``min_healthy`` other healthy workers of the worker's model (then nothing is removed anywhere). With
+        ``wait``, wait until it is ``until`` (GONE or OUT_OF_ROTATION) on every gateway."""
         worker_url = normalize_url(worker_url, "worker_url")
         if isinstance(min_healthy, bool) or not isinstance(min_healthy, int) or min_healthy < 0:
             raise ValueError(f"min_healthy must be an integer >= 0, got {min_healthy!r}")
+        if until not in (GONE, OUT_OF_ROTATION):
+            raise ValueError(f"until must be {GONE!r} or {OUT_OF_ROTATION!r}, got {until!r}")
         views = self._views(worker_url)
         result = MembershipResult(worker_url, "absent", views, check_mode, self._warnings(views))
         refusals = [refusal for refusal in (self._refusal(view, min_healthy) for view in views) if refusal]
@@ -551,7 +578,7 @@ class GatewaySet:
             message = self._incomplete(result, f"removing {worker_url} failed: {exc}")
             raise MembershipIncomplete(message, result) from None
         if wait:
-            self._wait(result, deadline, self._gone, "gone")
+            self._wait(result, deadline, self._gone if until == GONE else self._out_of_rotation, until)
         else:
             self._refresh(result)
         return result
@@ -598,6 +625,20 @@ class GatewaySet:
         if mine is None:
             return None
         return f"still listed (status {mine.status or 'unknown'})"
+
+    @classmethod
+    def _out_of_rotation(cls, view: GatewayView):
+        mine = view.find()
+        if mine is not None and mine.draining:
+            return None
+        return cls._gone(view)
+
+    @staticmethod
+    def _left(view: GatewayView):
+        """None once the worker's draining entry is gone (a view that lists no draining entry has nothing to wait
+        for), else what it is waiting for."""
+        mine = view.find()
+        return "still draining from its earlier removal" if mine is not None and mine.draining else None
 
     def _refresh(self, result: MembershipResult) -> None:
         for view in result.views:

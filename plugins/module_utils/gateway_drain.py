@@ -7,10 +7,13 @@ Private to the llmops.inference collection; not a public API.
 
 - :meth:`GatewayDrain.leave` reads every gateway replica (one that cannot be used stops it before any change),
   refuses when the removal would leave a gateway with fewer than ``min_healthy`` other healthy workers of the
-  worker's model, then removes the worker from every replica and waits until each no longer lists it;
+  worker's model, then removes the worker from every replica and waits until none routes to it (each lists it
+  no more, or as draining: smg drops a removed worker from its list about 5 s after it stops routing to it, and
+  what is still in flight is the engine's to tell, below);
 - :meth:`GatewayDrain.wait_idle` polls the engine's own ``/metrics`` until ``sglang:num_running_reqs`` and
   ``sglang:num_queue_reqs`` are both 0 on consecutive scrapes, or the drain budget ends (said in the detail);
-- :meth:`GatewayDrain.rejoin` adds the worker to every replica and waits until each reports it healthy.
+- :meth:`GatewayDrain.rejoin` adds the worker to every replica (where the removal is still draining, once its
+  old entry is gone) and waits until each reports it healthy.
 
 Every failure is a :class:`DrainFailure` whose text names what was refused or could not be done and what was
 changed so far; the chain reports it as its ``gateway_drain`` or ``gateway_add`` step.
@@ -22,6 +25,7 @@ import time
 from dataclasses import dataclass
 
 from ansible_collections.llmops.inference.plugins.module_utils.gateway import (
+    OUT_OF_ROTATION,
     GatewayError,
     GatewaySet,
     GatewaysUnavailable,
@@ -80,6 +84,7 @@ class GatewayDrain:
             "gateways": self.gateways.urls,
             "min_healthy": settings.min_healthy,
             "removed_from": [],
+            "draining_on": [],
             "drain": None,
             "added_to": [],
             "in_gateways": None,
@@ -92,7 +97,9 @@ class GatewayDrain:
         """Remove the worker from every gateway (in check mode: say where it would be removed)."""
         worker = self.settings.worker_url
         try:
-            result = self.gateways.remove(worker, min_healthy=self.settings.min_healthy, check_mode=check_mode)
+            result = self.gateways.remove(
+                worker, min_healthy=self.settings.min_healthy, check_mode=check_mode, until=OUT_OF_ROTATION
+            )
         except GatewaysUnavailable as exc:
             self.state["in_gateways"] = None
             raise DrainFailure(f"{exc}; the engine was not stopped") from None
@@ -109,6 +116,7 @@ class GatewayDrain:
             raise DrainFailure(f"{exc}; the engine was not stopped") from None
         listed = [view.url for view in result.views if view.changed]
         self.state["removed_from"] = listed
+        self.state["draining_on"] = [view.url for view in result.views if view.find() and view.find().draining]
         self.state["in_gateways"] = bool(check_mode and listed)
         where = ", ".join(listed) if listed else "none of them listed it"
         verb = "would remove" if check_mode else "removed"

@@ -15,8 +15,9 @@ description:
   - Every gateway is read first. When one cannot be used (unreachable, no answer within O(timeout), a refused API
     key, not a gateway), or when O(min_healthy) refuses a removal, the task fails naming each gateway and why, and
     nothing is changed on any gateway.
-  - O(state=present) adds the worker to each gateway that does not list it and, with O(wait), waits until every
-    gateway lists it as healthy. O(state=absent) removes it from each gateway that lists it and, with O(wait), waits
+  - O(state=present) adds the worker to each gateway that does not list it (one that still lists it as draining,
+    from a removal a moment before, first drops that entry) and, with O(wait), waits until every gateway lists it
+    as healthy. O(state=absent) removes it from each gateway that lists it and, with O(wait), waits
     until it is gone from every one. A gateway still not there after O(wait_timeout) is named with what it reports.
   - The API of each gateway is detected from its answers, once per gateway. The SGLang Model Gateway (C(smg)) and
     C(sglang-router) from 0.2 list workers at C(GET /workers), queue an add with C(POST /workers) (the worker shows

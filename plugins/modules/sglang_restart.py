@@ -19,8 +19,9 @@ description:
     O(gateway_api_key), fails the chain before anything is stopped), refuses - before anything is stopped - when
     removing the worker would leave a gateway with fewer than O(gateway_min_healthy) other healthy workers of its
     model (the message names the model and the healthy workers left), then removes the worker O(gateway_worker_url)
-    from every replica and waits until none lists it (replicas do not share a registry). Skipped without
-    O(gateways).
+    from every replica and waits until none routes to it (replicas do not share a registry) - each lists it no
+    more, or lists it as draining and unhealthy (smg 1.13.0 does so at once and drops it about 5 s later; the
+    engine's own C(/metrics), next, tell what is still in flight). Skipped without O(gateways).
   - C(drain_wait) - polls the engine's own C(/metrics) until C(sglang:num_running_reqs) and C(sglang:num_queue_reqs)
     are both 0, at most O(drain_timeout) seconds; a budget that ends first is the status C(expired) with the counts
     left, and the chain stops the unit anyway. An engine whose C(/metrics) does not answer has nothing to drain.
@@ -47,9 +48,10 @@ description:
   - A gate that fails on the C(gpu) tier (the unit is active but its processes hold no model) is retried (stop, reap,
     start, gate) up to the unit's C(StartLimitBurst) starts (O(max_starts)); then the chain fails with the gpu tier's
     reason and leaves the last attempt running, so the host does not flap and its state and journal can be read.
-  - C(gateway_add) - with O(gateways), on a pass, adds the worker to every replica and waits until each reports it
-    healthy (at most O(gateway_wait_timeout)). A failed gate (or a failed stop, reap or start) leaves the worker out
-    of every gateway, and RV(gateway) and RV(msg) say so.
+  - C(gateway_add) - with O(gateways), on a pass, adds the worker to every replica (one still listing it as
+    draining first drops that entry) and waits until each reports it healthy (at most O(gateway_wait_timeout)). A
+    failed gate (or a failed stop, reap or start) leaves the worker out of every gateway, and RV(gateway) and
+    RV(msg) say so.
   - C(snapshot) - on a pass, saves the known-good snapshot (O(known_good)).
   - On a failure, the result carries the failing step or tier, the probe's reason, the unit's state after
     (ActiveState, SubState, Result, NRestarts, and the start limit when it applies) and the journal's tail.
@@ -461,7 +463,8 @@ lock:
 gateway:
   description:
     - With O(gateways), where the worker is - C(worker_url), C(gateways), C(min_healthy), C(removed_from) (the
-      gateways that listed it and removed it, or would in check mode), C(drain) (C(idle), C(waited_s), C(running),
+      gateways that listed it and removed it, or would in check mode), C(draining_on) (those that still listed it
+      as draining when the chain went on), C(drain) (C(idle), C(waited_s), C(running),
       C(queued)), C(added_to), C(in_gateways) (true once every gateway reports it healthy again, false when it is
       left out after a failure, null when nothing was changed) and C(detail). Null without O(gateways).
   returned: always
@@ -471,6 +474,7 @@ gateway:
     gateways: [http://10.0.0.9:30080, http://10.0.0.10:30080]
     min_healthy: 1
     removed_from: [http://10.0.0.9:30080, http://10.0.0.10:30080]
+    draining_on: [http://10.0.0.9:30080, http://10.0.0.10:30080]
     drain: {idle: true, waited_s: 2.4, running: 0, queued: 0}
     added_to: [http://10.0.0.9:30080, http://10.0.0.10:30080]
     in_gateways: true

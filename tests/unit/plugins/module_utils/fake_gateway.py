@@ -5,7 +5,9 @@ registered workers with ``id``, ``url``, ``model_id``, ``is_healthy`` and ``stat
 answers 202 with a ``worker_id`` and registers the worker after ``add_delay`` seconds (until then it is not
 listed and ``GET /workers/{id}`` shows ``status: pending`` with a ``job_status``); a second POST of the same
 URL answers 409 ``WORKER_ALREADY_EXISTS`` or ``WORKER_CREATE_IN_PROGRESS``; ``DELETE /workers/{id}`` answers
-202, lists the worker as ``draining`` for ``drain_time`` seconds, then drops it. With ``api_key`` every
+202, lists the worker as ``draining`` with ``is_healthy: false`` for ``drain_time`` seconds (the real binary: about
+5 s), then drops it; a worker URL in ``keeps_routing`` stays listed as it was (a removal that does not take). With
+``api_key`` every
 control-plane call needs ``Authorization: Bearer <key>`` (401 otherwise).
 
 ``FakeGateway("legacy")`` answers like sglang-router 0.1.9: ``GET /list_workers`` -> ``{"urls": [...]}``,
@@ -46,6 +48,8 @@ class FakeGateway:
         self.models = {}  # worker URL -> model id it serves (default: self.model)
         self.unhealthy = set()  # worker URLs whose health check fails
         self.failing_adds = {}  # worker URL -> message of a failed add job
+        self.keeps_routing = set()  # worker URLs whose removal is accepted but never happens
+        self.clock = time.monotonic  # what add_delay and drain_time are measured on (a test may give its own)
         self.requests = []
         self.lock = threading.Lock()
         self.workers = {}  # id -> entry
@@ -95,7 +99,7 @@ class FakeGateway:
         return [(r[0], r[1]) for r in self.requests if r[0] in ("POST", "DELETE", "PUT", "PATCH")]
 
     def _advance(self) -> None:
-        now = time.monotonic()
+        now = self.clock()
         for worker_id, (url, ready_at, _key) in list(self.pending.items()):
             if url in self.failing_adds:
                 self.jobs[worker_id] = {
@@ -195,7 +199,7 @@ class FakeGateway:
                                  f"{worker_id}. Poll GET /workers/{worker_id}.",
                                  "code": "WORKER_CREATE_IN_PROGRESS"}  # fmt: skip
             worker_id = str(uuid.uuid4())
-            self.pending[worker_id] = (url, time.monotonic() + self.add_delay, (body or {}).get("api_key"))
+            self.pending[worker_id] = (url, self.clock() + self.add_delay, (body or {}).get("api_key"))
             self.jobs[worker_id] = {"job_type": "AddWorker", "worker_url": url, "status": "processing",
                                     "message": None}  # fmt: skip
             self._advance()
@@ -218,8 +222,11 @@ class FakeGateway:
             if method == "DELETE":
                 if worker_id not in self.workers:
                     return 404, {"error": f"Worker {worker_id} not found", "code": "WORKER_NOT_FOUND"}
+                if self.workers[worker_id]["url"] in self.keeps_routing:
+                    return 202, {"status": "accepted", "worker_id": worker_id}
                 self.workers[worker_id]["status"] = "draining"
-                self.draining[worker_id] = time.monotonic() + self.drain_time
+                self.workers[worker_id]["is_healthy"] = False
+                self.draining[worker_id] = self.clock() + self.drain_time
                 self._advance()
                 return 202, {"status": "accepted", "worker_id": worker_id}
         return 404, {"error": {"type": "invalid_request_error", "code": "unknown_url",

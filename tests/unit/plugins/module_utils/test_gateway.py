@@ -12,6 +12,7 @@ from fake_gateway import closed_port_url, started_gateways
 from ansible_collections.llmops.inference.plugins.module_utils.gateway import (
     DIALECT_LEGACY,
     DIALECT_SMG,
+    OUT_OF_ROTATION,
     GatewayClient,
     GatewayError,
     GatewaySet,
@@ -317,6 +318,61 @@ def test_a_removal_that_does_not_finish_in_time_names_the_gateway(gateways):
     with pytest.raises(MembershipIncomplete) as raised:
         gateway_set(fake, wait_timeout=0.2).remove(WORKER)
     assert f"gateway {fake.url}: still listed (status draining)" in str(raised.value)
+
+
+def test_out_of_rotation_returns_while_the_gateway_still_lists_the_worker_as_draining(gateways):
+    fake = gateways(drain_time=30)
+    fake.register(WORKER)
+    fake.register(OTHER)
+    result = gateway_set(fake, wait_timeout=0.5).remove(WORKER, until=OUT_OF_ROTATION)
+    view = result.to_dict()["gateways"][0]
+    assert (view["changed"], view["present"], view["status"], view["healthy"]) == (True, True, "draining", False)
+    assert fake.listed() == sorted([OTHER, WORKER])
+
+
+def test_out_of_rotation_waits_while_a_gateway_still_routes_to_the_worker(gateways):
+    fake = gateways()
+    fake.register(WORKER)
+    fake.register(OTHER)
+    fake.keeps_routing.add(WORKER)
+    with pytest.raises(MembershipIncomplete) as raised:
+        gateway_set(fake, wait_timeout=0.2).remove(WORKER, until=OUT_OF_ROTATION)
+    assert f"{WORKER} is not out of rotation on every gateway after 0.2 s" in str(raised.value)
+    assert f"gateway {fake.url}: still listed (status ready)" in str(raised.value)
+
+
+def test_an_unknown_until_is_refused_before_any_change(gateways):
+    fake = gateways()
+    fake.register(WORKER)
+    fake.register(OTHER)
+    with pytest.raises(ValueError, match="until must be 'gone' or 'out of rotation', got 'soon'"):
+        gateway_set(fake).remove(WORKER, until="soon")
+    assert fake.mutations() == []
+
+
+def test_an_add_over_a_removal_still_draining_waits_until_the_old_entry_is_gone(gateways):
+    fake = gateways(drain_time=0.5)
+    fake.register(WORKER)
+    fake.register(OTHER)
+    gateway_set(fake).remove(WORKER, until=OUT_OF_ROTATION)
+    planned = gateway_set(fake).add(WORKER, check_mode=True)
+    assert planned.to_dict()["gateways"][0]["action"] == "would add"
+    result = gateway_set(fake).add(WORKER)
+    view = result.to_dict()["gateways"][0]
+    assert (view["action"], view["healthy"], view["status"]) == ("added", True, "ready")
+    assert [method for method, _path in fake.mutations()] == ["DELETE", "POST"]
+
+
+def test_an_add_over_a_removal_that_never_ends_names_the_gateway(gateways):
+    fake = gateways(drain_time=30)
+    fake.register(WORKER)
+    fake.register(OTHER)
+    gateway_set(fake).remove(WORKER, until=OUT_OF_ROTATION)
+    with pytest.raises(MembershipIncomplete) as raised:
+        gateway_set(fake, wait_timeout=0.2).add(WORKER)
+    assert f"{WORKER} is not done draining on every gateway after 0.2 s" in str(raised.value)
+    assert f"gateway {fake.url}: still draining from its earlier removal" in str(raised.value)
+    assert [method for method, _path in fake.mutations()] == ["DELETE"]
 
 
 def test_without_wait_the_request_is_made_and_the_current_state_reported(gateways):

@@ -284,14 +284,45 @@ def test_the_worker_url_defaults_to_the_gates_url():
     assert UNIT == options.unit
 
 
-def test_a_removal_that_does_not_finish_stops_the_chain_before_the_stop_and_says_where_it_is_out(replicas):
+def test_a_worker_still_draining_on_a_replica_is_stopped_without_waiting_for_the_replica_to_drop_it(replicas):
     fleet(replicas)
-    replicas[1].drain_time = 3600  # smg keeps it "draining" far beyond the wait
+    replicas[1].drain_time = 6.0  # smg lists a removed worker as draining (unhealthy, unrouted) for about 5 s
+    world = GatewayWorld(replicas)
+    replicas[1].clock = world.clock
+    result = world.run()
+
+    assert result["healthy"] is True, result["msg"]
+    steps = {step["name"]: step for step in result["steps"]}
+    assert steps["gateway_drain"]["elapsed_s"] < 1.0
+    # At the stop the second replica still listed it, draining; the re-add waited until that entry was gone.
+    assert world.listed_at["stop"] == [sorted(OTHERS), sorted([ME, *OTHERS])]
+    assert all(gateway.listed() == sorted([ME, *OTHERS]) for gateway in replicas)
+    assert [method for method, _path in replicas[1].mutations()] == ["DELETE", "POST"]
+    assert result["gateway"]["draining_on"] == [replicas[1].url]
+    assert result["gateway"]["in_gateways"] is True
+
+
+def test_a_removal_that_never_ends_fails_the_re_add_after_the_gate_and_says_so(replicas):
+    fleet(replicas)
+    replicas[1].drain_time = 3600
+    world = GatewayWorld(replicas)
+    replicas[1].clock = world.clock
+    result = world.run(gateway_wait_timeout=2)
+
+    assert result["failed_step"] == "gateway_add"
+    assert f"{ME} is not done draining on every gateway after 2 s" in result["reason"]
+    assert f"gateway {replicas[1].url}: still draining from its earlier removal" in result["reason"]
+    assert result["gateway"]["in_gateways"] is False
+
+
+def test_a_removal_that_does_not_take_stops_the_chain_before_the_stop_and_says_where_it_is_out(replicas):
+    fleet(replicas)
+    replicas[1].keeps_routing.add(ME)  # the replica accepts the removal but keeps routing to the worker
     world = GatewayWorld(replicas)
     result = world.run(gateway_wait_timeout=2)
 
     assert result["failed_step"] == "gateway_drain"
-    assert f"{ME} is not gone on every gateway after 2 s" in result["reason"]
+    assert f"{ME} is not out of rotation on every gateway after 2 s" in result["reason"]
     out_of = f"{replicas[0].url}, {replicas[1].url}"
     assert result["reason"].endswith(f"; the engine was not stopped; it is out of {out_of} until a restart passes")
     assert world.unit.verbs() == []
