@@ -119,6 +119,21 @@ NO_WORSE = "<= 1.0 (no worse: median <= 1, or the runs straddle 1)"
 
 # -- the figures -----------------------------------------------------------------------------------------------------
 RESTART_TARGETS = {10.0: 1.1, 1.0: 1.5}
+# sglang_service_probe_stability_window's default, for runs whose data file does not record the window.
+ROLE_STABILITY_WINDOW_S = 5.0
+
+
+def chain_step_lines(data: dict, match: dict) -> list:
+    """Where the chain's time goes: the median of each step of the module's result, over the runs that have them."""
+    runs = [s["chain_steps"] for s in samples(data, **match) if s.get("ok", True) and s.get("chain_steps")]
+    if not runs:
+        return []
+    names = list(dict.fromkeys(step["name"] for steps in runs for step in steps))
+    totals = {
+        name: [sum(step["elapsed_s"] for step in steps if step["name"] == name) for steps in runs] for name in names
+    }
+    shown = ", ".join(f"{name} {num(statistics.median(values), ' s')}" for name, values in totals.items())
+    return [f"the chain's steps as the module timed them (medians of {len(runs)} runs): {shown}"]
 
 
 def restart_figures(data: dict) -> list:
@@ -147,6 +162,30 @@ def restart_figures(data: dict) -> list:
             same_gate_numerator = ", with the probe gate's stability window set to 0 s as the baseline's was"
         bound = RESTART_TARGETS.get(float(load))
         fixed = spread(paired(data, chain, operator, lambda a, b: a["seconds"] - b["seconds"]))
+        window_s = float(data["settings"].get("stability_window_s", ROLE_STABILITY_WINDOW_S))
+        floor = spread(paired(data, operator, operator, lambda a, b, w=window_s: (a["seconds"] + w) / a["seconds"]))
+        if window:
+            without = spread(paired(data, same_gate, operator))
+            window_lines.append(f"the same chain with window 0 s / the operator's script: {show(without)}")
+        window_lines.append(
+            f"the least any chain with a {window_s:g} s stability window can take against this script, (script + "
+            f"window) / script, since the window starts at the first /health 200 where the script ends: "
+            f"{show(floor)}"
+        )
+        if bound:
+            widest = spread(paired(data, operator, operator, lambda a, b, top=bound: (top - 1.0) * a["seconds"]))
+            window_lines.append(
+                f"the longest window with which even a chain that cost nothing else would meet <= {bound}, "
+                f"({bound} - 1) x script: {show(widest, ' s')}"
+            )
+        window_lines.extend(chain_step_lines(data, chain))
+        ansible_share = spread(
+            [s["seconds"] - s["gate_elapsed_s"] for s in samples(data, **chain) if s.get("gate_elapsed_s") is not None]
+        )
+        window_lines.append(
+            "Ansible's share of the chain's task (its wall time minus the module's own elapsed time): "
+            f"{show(ansible_share, ' s')}"
+        )
         process = spread(paired(data, chain, chain, lambda a, b: a["process_stop"] - a["process_start"]))
         figures.append(
             Figure(
@@ -175,12 +214,13 @@ def restart_figures(data: dict) -> list:
                 ],
                 f"the chain's fixed cost beyond the engine's own restart ({num(fixed and fixed['median'], ' s')} "
                 "per restart here) does not shrink with the load, so it weighs most at short loads. Most of it is "
-                "deliberate: the probe gate's stability window (sglang_service_probe_stability_window, 5 s by "
-                "default: the new engine's MainPID and restart count are watched that long after it is ready, which "
-                "is what refuses an engine that exits right after it became ready) and the drain (the chain lets the "
-                "engine finish its requests, and SGLang's SIGTERM watchdog looks every 5 s, where `systemctl "
-                "restart` kills the schedulers at once and drops what is in flight); the rest is the lock, the "
-                "reaper's GPU check, the probe's tiers and generation and the snapshot, each a module run",
+                "the probe gate's stability window (sglang_service_probe_stability_window, 5 s by default: the new "
+                "engine's MainPID and restart count are watched that long after its first /health 200, which is "
+                "what refuses an engine that exits right after it became ready). The operator's script stops at "
+                "that first 200, so the window alone puts the ratio above the target (the floor above); a window "
+                "short enough for the target would not see the engine that exits 3 s after it became ready, which "
+                "the default window must refuse. The rest is the chain's other steps (above; the drain of an idle "
+                "engine ends after two /metrics scrapes) and Ansible's cost of the task",
             )
         )
         figures.append(

@@ -295,6 +295,7 @@ def chain_restart(lab, host: str, variables: dict, tmp_path: Path, collections=N
         "process_start": run.start,
         "process_stop": run.stop,
         "gate_elapsed_s": gate.get("elapsed_s"),
+        "chain_steps": [{"name": step["name"], "elapsed_s": step["elapsed_s"]} for step in gate.get("steps") or []],
         "ok": ok,
         "error": None if ok else run.output[-1500:],
     }

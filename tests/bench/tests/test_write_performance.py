@@ -118,6 +118,28 @@ def test_the_baseline_comparison_uses_the_chain_with_the_baselines_gate_when_it_
     assert "with the probe gate's stability window set to 0 s" in against_baseline.numerator
     assert any(line.startswith("this commit's chain with its own 5 s window / the baseline's: 1.00") for line in
                against_baseline.context)  # fmt: skip
-    window = [line for line in figures["restart_10s"].context if "stability window" in line]
-    assert window == ["of which the probe gate's stability window (the same chain with window 0 s, run alongside): "
-                      "3.00 s [3.00 s to 3.00 s], 3 runs"]  # fmt: skip
+    window = [line for line in figures["restart_10s"].context if "window" in line]
+    assert window == [
+        "of which the probe gate's stability window (the same chain with window 0 s, run alongside): "
+        "3.00 s [3.00 s to 3.00 s], 3 runs",
+        "the same chain with window 0 s / the operator's script: 0.90 [0.80 to 1.00], 3 runs",
+        "the least any chain with a 5 s stability window can take against this script, (script + window) / script, "
+        "since the window starts at the first /health 200 where the script ends: 1.50 [1.50 to 1.50], 3 runs",
+        "the longest window with which even a chain that cost nothing else would meet <= 1.1, (1.1 - 1) x script: "
+        "1.00 s [1.00 s to 1.00 s], 3 runs",
+    ]  # fmt: skip
+
+
+def test_the_chain_steps_and_ansibles_share_come_from_the_module_result(data_dir):
+    _run, files = write_performance.load_run(None)
+    data = files["restart"]
+    data["settings"]["stability_window_s"] = 2
+    for sample in write_performance.samples(data, side="collection"):
+        sample["gate_elapsed_s"] = sample["seconds"] - 0.5
+        sample["chain_steps"] = [{"name": "stop", "elapsed_s": 1.0}, {"name": "gate", "elapsed_s": 7.0},
+                                 {"name": "gate", "elapsed_s": 2.0}]  # fmt: skip
+    context = {figure.key: figure for figure in write_performance.restart_figures(data)}["restart_10s"].context
+    assert "the chain's steps as the module timed them (medians of 3 runs): stop 1.00 s, gate 9.00 s" in context
+    assert "Ansible's share of the chain's task (its wall time minus the module's own elapsed time): " \
+           "0.50 s [0.50 s to 0.50 s], 3 runs" in context  # fmt: skip
+    assert any("with a 2 s stability window" in line and ": 1.20 [1.20 to 1.20], 3 runs" in line for line in context)
