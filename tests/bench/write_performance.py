@@ -168,9 +168,9 @@ def restart_figures(data: dict) -> list:
             without = spread(paired(data, same_gate, operator))
             window_lines.append(f"the same chain with window 0 s / the operator's script: {show(without)}")
         window_lines.append(
-            f"the least any chain with a {window_s:g} s stability window can take against this script, (script + "
-            f"window) / script, since the window starts at the first /health 200 where the script ends: "
-            f"{show(floor)}"
+            f"the floor a {window_s:g} s stability window sets, (script + window) / script: the least any chain with "
+            f"it can take against this script, since the window starts at the first /health 200, where the script "
+            f"ends: {show(floor)}"
         )
         if bound:
             widest = spread(paired(data, operator, operator, lambda a, b, top=bound: (top - 1.0) * a["seconds"]))

@@ -123,8 +123,9 @@ def test_the_baseline_comparison_uses_the_chain_with_the_baselines_gate_when_it_
         "of which the probe gate's stability window (the same chain with window 0 s, run alongside): "
         "3.00 s [3.00 s to 3.00 s], 3 runs",
         "the same chain with window 0 s / the operator's script: 0.90 [0.80 to 1.00], 3 runs",
-        "the least any chain with a 5 s stability window can take against this script, (script + window) / script, "
-        "since the window starts at the first /health 200 where the script ends: 1.50 [1.50 to 1.50], 3 runs",
+        "the floor a 5 s stability window sets, (script + window) / script: the least any chain with it can take "
+        "against this script, since the window starts at the first /health 200, where the script ends: "
+        "1.50 [1.50 to 1.50], 3 runs",
         "the longest window with which even a chain that cost nothing else would meet <= 1.1, (1.1 - 1) x script: "
         "1.00 s [1.00 s to 1.00 s], 3 runs",
     ]  # fmt: skip
@@ -142,4 +143,4 @@ def test_the_chain_steps_and_ansibles_share_come_from_the_module_result(data_dir
     assert "the chain's steps as the module timed them (medians of 3 runs): stop 1.00 s, gate 9.00 s" in context
     assert "Ansible's share of the chain's task (its wall time minus the module's own elapsed time): " \
            "0.50 s [0.50 s to 0.50 s], 3 runs" in context  # fmt: skip
-    assert any("with a 2 s stability window" in line and ": 1.20 [1.20 to 1.20], 3 runs" in line for line in context)
+    assert any("a 2 s stability window sets" in line and ": 1.20 [1.20 to 1.20], 3 runs" in line for line in context)
