@@ -474,8 +474,8 @@ def sweep_figures(data: dict) -> list:
                 *task_time_by_file(samples(data, **one)),
             ],
             "per point the playbook runs the drop-in's tasks, the role's preflight and validation, the restart chain "
-            "(lock, drain through SGLang's 5 s SIGTERM watchdog, reaper check, probe gate with its generation and "
-            "its 5 s stability window, snapshot) and a module run per level and per record (the task time by file "
+            "(lock, drain, reaper check, probe gate with its generation and its 5 s stability window, snapshot; "
+            "the restart figures time each step) and a module run per level and per record (the task time by file "
             "above); the loop runs `systemctl restart` and its requests; the fixed cost per point weighs most at "
             "short loads",
         ),
