@@ -384,6 +384,12 @@ class GatewayView:
                 return worker
         return None
 
+    @property
+    def draining(self) -> bool:
+        """The gateway lists the worker as draining (removed, routed nothing, not yet dropped)."""
+        mine = self.find()
+        return mine is not None and mine.draining
+
     def to_dict(self) -> dict:
         mine = self.find()
         return {
@@ -511,7 +517,7 @@ class GatewaySet:
         missing = [view for view in views if view.find() is None]
         # A removal still in progress (the worker left with until=OUT_OF_ROTATION): the gateway takes the URL
         # again once its old entry is gone.
-        leaving = [view for view in views if view.find() is not None and view.find().draining]
+        leaving = [view for view in views if view.draining]
         if check_mode:
             for view in missing + leaving:
                 view.action = "would add"
@@ -570,7 +576,7 @@ class GatewaySet:
         try:
             for view in listed:
                 worker = view.find()
-                if worker.status != "draining":
+                if worker.status != DRAINING:
                     view.client.remove(worker)
                     view.changed = True
                 view.action = "removed" if view.changed else "removal pending"
@@ -628,17 +634,13 @@ class GatewaySet:
 
     @classmethod
     def _out_of_rotation(cls, view: GatewayView):
-        mine = view.find()
-        if mine is not None and mine.draining:
-            return None
-        return cls._gone(view)
+        return None if view.draining else cls._gone(view)
 
     @staticmethod
     def _left(view: GatewayView):
         """None once the worker's draining entry is gone (a view that lists no draining entry has nothing to wait
         for), else what it is waiting for."""
-        mine = view.find()
-        return "still draining from its earlier removal" if mine is not None and mine.draining else None
+        return "still draining from its earlier removal" if view.draining else None
 
     def _refresh(self, result: MembershipResult) -> None:
         for view in result.views:

@@ -116,7 +116,7 @@ class GatewayDrain:
             raise DrainFailure(f"{exc}; the engine was not stopped") from None
         listed = [view.url for view in result.views if view.changed]
         self.state["removed_from"] = listed
-        self.state["draining_on"] = [view.url for view in result.views if view.find() and view.find().draining]
+        self.state["draining_on"] = [view.url for view in result.views if view.draining]
         self.state["in_gateways"] = bool(check_mode and listed)
         where = ", ".join(listed) if listed else "none of them listed it"
         verb = "would remove" if check_mode else "removed"
