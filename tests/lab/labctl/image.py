@@ -9,7 +9,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from .system import LabError, run
+from .system import LabError, exclusive, run
 
 CACHE_ROOT = Path(os.environ.get("LLMOPS_LAB_CACHE", "/var/cache/llmops-lab"))
 WHEEL_DIR = CACHE_ROOT / "wheels"
@@ -134,11 +134,18 @@ def ensure_image(rebuild: bool = False, log=print) -> Path:
     target = rootfs_path()
     if target.is_dir() and not rebuild:
         return target
+    # Labs started side by side on a fresh machine would each debootstrap into the same partial directory.
+    with exclusive(CACHE_ROOT / ".image.lock"):
+        if target.is_dir() and not rebuild:
+            return target
+        return _build_image(target, log)
+
+
+def _build_image(target: Path, log) -> Path:
     wheels = ensure_wheels()
     wheelhouse = ensure_wheelhouse()
     partial = target.with_name(target.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
-    CACHE_ROOT.mkdir(parents=True, exist_ok=True)
     log(f"building lab rootfs {target} (debootstrap {RECIPE['suite']}, about two minutes)")
     try:
         run(

@@ -9,7 +9,7 @@ import uuid
 from pathlib import Path
 
 from .image import SGLANG_VENV
-from .system import run
+from .system import exclusive, run
 
 LAB_DIR = Path(__file__).resolve().parent.parent
 SIMGPU_SRC = LAB_DIR / "simgpu"
@@ -40,10 +40,14 @@ WantedBy=multi-user.target
 """
 
 
-def build_simgpu() -> Path:
-    """Compile the simulated NVML library and nvidia-smi (make rebuilds only what changed)."""
-    run(["make", "-s", "-C", str(SIMGPU_SRC)])
-    return SIMGPU_SRC / "build"
+def build_simgpu(build: Path = SIMGPU_SRC / "build") -> Path:
+    """Compile the simulated NVML library and nvidia-smi (make rebuilds only what changed).
+
+    One build at a time: two labs started together would otherwise link the same nvidia-smi at once, and one
+    of them copies a half-written binary into its hosts (exec format error on every GPU query)."""
+    with exclusive(build / ".lock"):
+        run(["make", "-s", "-C", str(SIMGPU_SRC), f"BUILD={build}"])
+    return build
 
 
 def host_gpus(host: str, count: int) -> list:

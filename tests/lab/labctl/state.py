@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import re
-from contextlib import contextmanager
 from pathlib import Path
+
+from .system import exclusive
 
 RUN_ROOT = Path(os.environ.get("LLMOPS_LAB_RUN", "/run/llmops-lab"))
 HOSTS_ROOT = Path(os.environ.get("LLMOPS_LAB_HOSTS_ROOT", "/var/lib/llmops-lab"))
@@ -46,13 +46,9 @@ class LabState:
         return self.hosts_dir / host
 
 
-@contextmanager
 def global_lock():
     """Serialise subnet allocation between labs started at the same time."""
-    RUN_ROOT.mkdir(parents=True, exist_ok=True)
-    with open(RUN_ROOT / ".lock", "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        yield
+    return exclusive(RUN_ROOT / ".lock")
 
 
 def allocate_subnet(name: str) -> int:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
 import time
-from typing import Callable, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
 
 
 class LabError(Exception):
@@ -47,6 +50,16 @@ def run(args: Sequence[str], check: bool = True, capture: bool = True, **kwargs)
         detail = "\n".join(part.strip() for part in (proc.stdout, proc.stderr) if part and part.strip())
         raise LabError(f"command failed ({proc.returncode}): {' '.join(args)}\n{detail}")
     return proc
+
+
+@contextmanager
+def exclusive(lock_file: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``lock_file`` (created with its directory): labs started side by side share
+    the machine's caches and build directories, and each must see them whole."""
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_file, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float, interval: float = 0.1) -> bool:
