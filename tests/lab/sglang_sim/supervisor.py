@@ -50,7 +50,9 @@ class Supervisor:
         self.close_in_children: list[int] = []
         self._watchdog_stop = threading.Event()
         self._watchdog: threading.Thread | None = None
-        self._lock = threading.Lock()
+        # Re-entrant: a second SIGQUIT's handler (kill_process_tree) runs in the main thread wherever the first
+        # handler is, also inside poll().
+        self._lock = threading.RLock()
 
     # -- starting ---------------------------------------------------------------------------------------------
     def spawn(self, name: str, body: Callable[[int, int], int], scheduler: bool, escapes_kill: bool = False) -> Child:
@@ -141,7 +143,7 @@ class Supervisor:
                     pid, status = os.waitpid(child.pid, os.WNOHANG)
                 except ChildProcessError:
                     pid, status = child.pid, 0
-                if pid:
+                if pid and child.exit_code is None:  # a nested poll() may have reaped it meanwhile
                     child.exit_code = os.waitstatus_to_exitcode(status)
                     gpu_claims.mark_exiting(child.pid)
             return child.exit_code
