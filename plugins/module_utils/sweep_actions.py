@@ -127,7 +127,11 @@ def plan_sweep(params: dict, run: dict, now: float, write: bool = True) -> dict:
     """Validate everything, start the run in the results directory, and assign the missing points and levels."""
     points = expand_points(params.get("steps"), params.get("topk", 1), params.get("draft_tokens"), params.get("grid"))
     algorithm = check_algorithm(params.get("algorithm"))
-    check_counts(sweep_repeats=(params["repeats"], 1), sweep_warmup_requests=(params["warmup_requests"], 0))
+    check_counts(
+        sweep_repeats=(params["repeats"], 1),
+        sweep_warmup_requests=(params["warmup_requests"], 0),
+        sweep_stability_window=(params.get("stability_window", 0), 0),
+    )
     _check_scoring(params["mad_penalty"], params["tolerance"])
     bench = bench_options(params.get("bench") or {})
     levels = _levels(params, bench)
@@ -184,6 +188,7 @@ def plan_sweep(params: dict, run: dict, now: float, write: bool = True) -> dict:
         "partial": partial,
         "pending": [point["id"] for point in pending],
         "assignment": plan,
+        "stability_window": params.get("stability_window", 0),
         "replaced": replaced,
         "level_warnings": level_warnings(levels, params.get("host_args") or {}),
     }

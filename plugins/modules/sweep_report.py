@@ -130,6 +130,15 @@ options:
       - For O(action=plan). Warm-up requests before the first level each load measures.
     type: int
     default: 2
+  stability_window:
+    description:
+      - For O(action=plan). Seconds the restart chain watches each point's engine after its first C(/health) 200
+        before the point's first level (the chain's O(llmops.inference.sglang_restart#module:stability_window)),
+        returned as RV(stability_window). The point's benchmark starts at once after the gate and records an
+        engine that exits then as the level's failure, with the journal; a point never becomes the host's
+        known-good, which is what the window guards. The final restore keeps the role's window.
+    type: int
+    default: 0
   bench:
     description:
       - For O(action=plan). Options of M(llmops.inference.sglang_bench) for every run (C(num_prompts) - the
@@ -329,6 +338,11 @@ definition:
   description: What is swept and how it is measured, as written to C(sweep.json) (O(action=plan)).
   returned: success
   type: dict
+stability_window:
+  description: The stability window of every point's restart chain, in seconds (O(action=plan)).
+  returned: success
+  type: int
+  sample: 0
 level_warnings:
   description: Load levels that SGLang would not run at their nominal concurrency (O(action=plan)).
   returned: success
@@ -459,6 +473,7 @@ ARGUMENT_SPEC = {
     "hosts": {"type": "list", "elements": "str"},
     "repeats": {"type": "int", "default": 3},
     "warmup_requests": {"type": "int", "default": 2},
+    "stability_window": {"type": "int", "default": 0},
     "bench": {"type": "dict", "default": {}},
     "resume": {"type": "bool", "default": False},
     "retry_failed": {"type": "bool", "default": False},

@@ -448,11 +448,14 @@ def sweep_figures(data: dict) -> list:
     load_each = spread([statistics.median(fork_to_ready(s)) for s in samples(data, **one) if fork_to_ready(s)])
     # The loads of the playbook: one per point and the final restore's.
     forks = spread([(len(s["loads"]) - 1) / points for s in samples(data, **one)])
+    # Runs before the points' window became 0 by default held the role's 5 s at every point.
+    windows = settings.get("stability_window_s", {"points": 5, "final_restore": 5})
     grid = (
         f"steps {', '.join(map(str, settings['steps']))} x concurrency {', '.join(map(str, settings['levels']))}, "
         f"simulated load {settings['load_s']:g} s, per level {settings['sweep_repeats']} run(s) of "
         f"{'/'.join(map(str, settings['requests']['per_level']))} requests of {settings['bench']['max_new_tokens']} "
-        f"tokens after {settings['requests']['warmup']} warm-up request(s)"
+        f"tokens after {settings['requests']['warmup']} warm-up request(s), stability window {windows['points']:g} s "
+        f"per point and {windows['final_restore']:g} s for the final restore"
     )
     whole = "the whole `ansible-playbook playbooks/spec_sweep.yml` run, process start to exit (plan, host set-up, " \
             "points, final restore and report)"  # fmt: skip
@@ -473,11 +476,12 @@ def sweep_figures(data: dict) -> list:
                 f"sweep playbook {show(seconds(data, **one), ' s')}; operator's loop {show(seconds(data, **op), ' s')}",
                 *task_time_by_file(samples(data, **one)),
             ],
-            "per point the playbook runs the drop-in's tasks, the role's preflight and validation, the restart chain "
-            "(lock, drain, reaper check, probe gate with its generation and its 5 s stability window, snapshot; "
-            "the restart figures time each step) and a module run per level and per record (the task time by file "
-            "above); the loop runs `systemctl restart` and its requests; the fixed cost per point weighs most at "
-            "short loads",
+            "per point the playbook runs the drop-in's tasks and the point's validation (the role's preflight "
+            f"{settings.get('role_preflight', 'at every point')}), the restart chain (lock, "
+            f"drain, reaper check, probe gate with its generation and a {windows['points']:g} s stability window, "
+            "snapshot; the restart figures time each step) and a module run per level and per record (the task "
+            "time by file above); the loop runs `systemctl restart` and its requests; the fixed cost per point "
+            "weighs most at short loads",
         ),
         Figure(
             "sweep_vs_engine",

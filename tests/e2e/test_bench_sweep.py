@@ -225,6 +225,9 @@ def test_bench_sweep_against_a_bench_speculative_loop_and_three_hosts(four_hosts
             },
             "hosts": {"one_host": swept[:1], "three_hosts": swept, "operator": loop_host},
             "operator_script": "tests/bench/operator/spec_loop.sh with tests/bench/operator/plain_bench.py",
+            # The playbook's defaults: a point's gate holds no stability window, the final restore the role's.
+            "stability_window_s": {"points": 0, "final_restore": 5},
+            "role_preflight": "with each host's first point",
         },
     )
     with bench.part("set-up: the role on the swept hosts, the operator's plain unit"):

@@ -87,6 +87,8 @@ def test_plan_assigns_points_in_turn_with_their_levels_and_resume_measures_only_
     ]
     assert plan["definition"]["bench"]["max_new_tokens"] == 128  # defaults filled in
     assert "concurrency" not in plan["definition"]["bench"]  # the levels say it
+    assert plan["stability_window"] == 0  # a point's own benchmark watches the engine right after its gate
+    assert plan_sweep(plan_params(tmp_path / "w", stability_window=5), {"run_id": "w"}, 1.0)["stability_window"] == 5
     record(tmp_path, plan, 1, 1, 100.0)
     record(tmp_path, plan, 1, 8, 300.0)
     record(tmp_path, plan, 2, 1, 110.0)  # killed before steps 2 at concurrency 8
@@ -126,6 +128,7 @@ def test_a_failed_level_stops_the_heavier_ones_and_a_failed_load_records_every_l
         ({"steps": [2], "topk": 4}, "top-k 4 needs draft tokens"),
         ({"algorithm": "NGRAM"}, "sweep_algorithm is NGRAM"),
         ({"repeats": 0}, "sweep_repeats must be an integer >= 1"),
+        ({"stability_window": -1}, "sweep_stability_window must be an integer >= 0, got -1"),
         ({"bench": {"num_prompts": 0}}, "sweep_bench.num_prompts must be an integer >= 1, got 0"),
         ({"bench": {"prompts": 3}}, r"sweep_bench has unknown keys \['prompts'\]"),
         ({"bench": {"ignore_eos": "yes"}}, "sweep_bench.ignore_eos must be true or false"),
