@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from benchdata import (
     BENCH_DIR,
     LAB_INVENTORY,
@@ -44,6 +45,9 @@ LEVELS = [int(value) for value in os.environ.get("LLMOPS_BENCH_SWEEP_LEVELS", "1
 # Per level max(num_prompts, concurrency) requests, as sglang_bench sends them.
 BENCH = {"num_prompts": 4, "max_new_tokens": 32}
 SIZING = {"sweep_repeats": 1, "sweep_warmup_requests": 1}
+# The playbook's default: a point's gate holds no stability window; the final restore holds the role's.
+POINT_WINDOW_S = 0
+ROLE_DEFAULTS = REPO / "roles" / "sglang_service" / "defaults" / "main.yml"
 ROLE_VARS = {
     "sglang_service_model_path": "Qwen/Qwen3-8B",
     "sglang_service_tp_size": 1,
@@ -104,6 +108,7 @@ def sweep_vars(hosts: str, results_dir: Path) -> dict:
         sweep_concurrency=LEVELS,
         sweep_bench=BENCH,
         sweep_results_dir=str(results_dir),
+        sweep_stability_window=POINT_WINDOW_S,
         **SIZING,
     )
 
@@ -225,8 +230,10 @@ def test_bench_sweep_against_a_bench_speculative_loop_and_three_hosts(four_hosts
             },
             "hosts": {"one_host": swept[:1], "three_hosts": swept, "operator": loop_host},
             "operator_script": "tests/bench/operator/spec_loop.sh with tests/bench/operator/plain_bench.py",
-            # The playbook's defaults: a point's gate holds no stability window, the final restore the role's.
-            "stability_window_s": {"points": 0, "final_restore": 5},
+            "stability_window_s": {
+                "points": POINT_WINDOW_S,
+                "final_restore": yaml.safe_load(ROLE_DEFAULTS.read_text())["sglang_service_probe_stability_window"],
+            },
             "role_preflight": "with each host's first point",
         },
     )
