@@ -727,7 +727,11 @@ class RestartChain:
             if gate is None:
                 gate = self._probe_and_hold(soak)
             step["status"] = "ok" if gate["healthy"] else "failed"
-            step["detail"] = "passed" if gate["healthy"] else f"{gate['failed_tier']} tier: {gate['reason']}"
+            step["detail"] = (
+                f"passed, holding a stability window of {self.options.stability_window:g} s"
+                if gate["healthy"]
+                else f"{gate['failed_tier']} tier: {gate['reason']}"
+            )
         return gate
 
     def _started(self, state, before) -> bool:

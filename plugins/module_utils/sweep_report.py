@@ -168,14 +168,15 @@ def build_load(
     apply_s: float | None = None,
     first_failure: str | None = None,
 ) -> dict:
-    """The load a point's levels were measured on: the chain's timing and verdict (``sglang_service_gate``)."""
+    """The load a point's levels were measured on: the chain's timing, steps and verdict (``sglang_service_gate``)."""
     gate = gate or {}
     return {
         "started_at": started_at,
         "apply_s": apply_s,
         "load_s": load_s,
         "gate": {
-            key: gate.get(key) for key in ("healthy", "failed_step", "failed_tier", "reason", "elapsed_s", "main_pid")
+            key: gate.get(key)
+            for key in ("healthy", "failed_step", "failed_tier", "reason", "elapsed_s", "main_pid", "steps")
         },
         "first_failure": first_failure,
     }

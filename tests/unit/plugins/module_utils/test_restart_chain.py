@@ -394,6 +394,7 @@ def test_the_window_starts_at_the_first_200_and_overlaps_the_probe():
     # ready at 2.0 s after the start, the window ends 5 s later; the probe's 1.5 s lie inside it.
     gate = next(step for step in result["steps"] if step["name"] == "gate")
     assert gate["elapsed_s"] == pytest.approx(7.0, abs=0.15)
+    assert gate["detail"] == "passed, holding a stability window of 5 s"
     assert max(world.clock.sleeps) <= restart_chain.POLL_S + 1e-9
 
 
@@ -403,6 +404,7 @@ def test_zero_window_still_reads_the_unit_once_after_the_probe():
     assert result["healthy"] is True
     gate = next(step for step in result["steps"] if step["name"] == "gate")
     assert gate["elapsed_s"] == pytest.approx(2.0 + 1.5, abs=0.15)
+    assert gate["detail"] == "passed, holding a stability window of 0 s"
 
 
 def test_inactive_unit_is_not_stopped_and_a_failed_one_is_reset():

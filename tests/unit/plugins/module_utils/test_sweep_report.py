@@ -101,13 +101,16 @@ def test_the_journal_explains_a_failed_load():
 
 
 def test_a_level_whose_load_failed_is_recorded_with_the_reason_and_the_journal():
-    gate = {"healthy": False, "failed_tier": "unit", "reason": "unit failed", "journal": OOM_JOURNAL, "elapsed_s": 9.1}
+    steps = [{"name": "gate", "attempt": 1, "status": "failed", "detail": "unit tier: unit failed", "elapsed_s": 8.2}]
+    gate = {"healthy": False, "failed_tier": "unit", "reason": "unit failed", "journal": OOM_JOURNAL, "elapsed_s": 9.1,
+            "steps": steps}  # fmt: skip
     record = build_level_record(point(9), 8, "h1", "run1", 1.0, 2.0, build_load(1.0, 9.5, gate), gate=gate)
     assert (record["status"], record["stage"], record["concurrency"]) == ("failed", "load", 8)
     assert record["reason"].startswith("load or gate failed (tier unit): unit failed; journal: RuntimeError:")
     assert record["journal_tail"] == OOM_JOURNAL
     assert record["repeats"] == []
     assert record["load"]["gate"]["elapsed_s"] == 9.1
+    assert record["load"]["gate"]["steps"] == steps  # where the chain's time went
 
 
 def test_a_task_failure_failed_requests_or_another_engine_fail_the_level():
