@@ -1,0 +1,86 @@
+"""The rolling deploy's batches (playbooks/deploy.yml): in the order of deploy_hosts, as its preflight play ran them,
+whatever order group_by filled the rollout group in (the order the hosts' results came back)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[3]
+DEPLOY = REPO / "playbooks" / "deploy.yml"
+HOSTS = ["h1", "h2", "h3", "h4", "h5"]
+PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
+PREFLIGHT = "Deploy - preflight every host (nothing changes)"
+BATCHES = "Deploy - one batch at a time"
+
+
+def deploy_play(name: str) -> dict:
+    """A play of deploy.yml with its host selection, batching and knobs, and a task that reports its batch."""
+    play = next(play for play in yaml.safe_load(DEPLOY.read_text()) if play["name"] == name)
+    kept = {key: play[key] for key in ("name", "hosts", "gather_facts", "serial", "vars") if key in play}
+    report = {"ansible.builtin.debug": {"msg": "BATCH {{ ansible_play_batch | join(',') }}"}, "run_once": True}
+    return {**kept, "tasks": [report]}
+
+
+def batches(tmp_path: Path, arrival: list[str], **knobs: str) -> tuple[list[list[str]], list[list[str]], str]:
+    """The preflight play's and the batch play's batches when the rollout group was filled in `arrival` order."""
+    fill = {
+        "name": "Fill the rollout group as group_by would when results come back in this order",
+        "hosts": "localhost",
+        "gather_facts": False,
+        "tasks": [
+            {
+                "ansible.builtin.add_host": {"name": "{{ item }}", "groups": "llmops_deploy_rollout"},
+                "loop": arrival,
+            }
+        ],
+    }
+    playbook = tmp_path / "batches.yml"
+    plays = [deploy_play(PREFLIGHT), fill, deploy_play(BATCHES)]
+    playbook.write_text(yaml.safe_dump(plays, sort_keys=False))
+    inventory = tmp_path / "inventory.ini"
+    inventory.write_text("[sglang_fleet]\n" + "".join(f"{host} ansible_connection=local\n" for host in HOSTS))
+    extra = [arg for name, value in knobs.items() for arg in ("-e", f"{name}={value}")]
+    proc = subprocess.run(
+        [str(PLAYBOOK), "-i", str(inventory), str(playbook), *extra],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0"},
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    found: dict[str, list[list[str]]] = {"preflight": [], "batch": [], "other": []}
+    for text in re.split(r"^PLAY \[", proc.stdout, flags=re.MULTILINE)[1:]:
+        kind = {PREFLIGHT: "preflight", BATCHES: "batch"}.get(text.split("]", 1)[0], "other")
+        found[kind] += [batch.split(",") for batch in re.findall(r'"msg": "BATCH ([^"]*)"', text)]
+    return found["preflight"], found["batch"], proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("arrival", [["h5", "h3", "h1", "h4"], ["h1", "h3", "h4", "h5"], ["h4", "h5", "h3", "h1"]])
+def test_batches_follow_the_inventory_whatever_order_the_group_was_filled_in(tmp_path, arrival):
+    preflight, rollout, _ = batches(tmp_path, arrival, deploy_batch="2")
+    assert preflight == [HOSTS]
+    assert rollout == [["h1", "h3"], ["h4", "h5"]]
+
+
+def test_batches_follow_a_host_list_in_the_order_it_names_them(tmp_path):
+    preflight, rollout, _ = batches(tmp_path, ["h1", "h2", "h4"], deploy_hosts="h4,h2,h1", deploy_batch="1")
+    assert preflight == [["h4", "h2", "h1"]]
+    assert rollout == [["h4"], ["h2"], ["h1"]]
+
+
+def test_a_host_pattern_keeps_its_exclusions(tmp_path):
+    _, rollout, _ = batches(tmp_path, ["h5", "h3", "h1"], deploy_hosts="sglang_fleet:!h2:!h4", deploy_batch="100%")
+    assert rollout == [["h1", "h3", "h5"]]
+
+
+def test_no_batch_runs_and_nothing_warns_when_every_host_is_up_to_date(tmp_path):
+    _, rollout, output = batches(tmp_path, [], deploy_batch="2")
+    assert rollout == []
+    assert "Could not match" not in output and "WARNING" not in output, output
