@@ -28,8 +28,9 @@ def deploy_play(name: str) -> dict:
     return {**kept, "tasks": [report]}
 
 
-def batches(tmp_path: Path, arrival: list[str], **knobs: str) -> tuple[list[list[str]], list[list[str]], str]:
-    """The preflight play's and the batch play's batches when the rollout group was filled in `arrival` order."""
+def run(tmp_path: Path, arrival: list[str], **knobs: str) -> dict:
+    """The preflight play's and the batch play's batches (and the output) when the rollout group was filled in
+    `arrival` order."""
     fill = {
         "name": "Fill the rollout group as group_by would when results come back in this order",
         "hosts": "localhost",
@@ -59,28 +60,28 @@ def batches(tmp_path: Path, arrival: list[str], **knobs: str) -> tuple[list[list
     for text in re.split(r"^PLAY \[", proc.stdout, flags=re.MULTILINE)[1:]:
         kind = {PREFLIGHT: "preflight", BATCHES: "batch"}.get(text.split("]", 1)[0], "other")
         found[kind] += [batch.split(",") for batch in re.findall(r'"msg": "BATCH ([^"]*)"', text)]
-    return found["preflight"], found["batch"], proc.stdout + proc.stderr
+    return {**found, "output": proc.stdout + proc.stderr}
 
 
 @pytest.mark.parametrize("arrival", [["h5", "h3", "h1", "h4"], ["h1", "h3", "h4", "h5"], ["h4", "h5", "h3", "h1"]])
 def test_batches_follow_the_inventory_whatever_order_the_group_was_filled_in(tmp_path, arrival):
-    preflight, rollout, _ = batches(tmp_path, arrival, deploy_batch="2")
-    assert preflight == [HOSTS]
-    assert rollout == [["h1", "h3"], ["h4", "h5"]]
+    result = run(tmp_path, arrival, deploy_batch="2")
+    assert result["preflight"] == [HOSTS]
+    assert result["batch"] == [["h1", "h3"], ["h4", "h5"]]
 
 
 def test_batches_follow_a_host_list_in_the_order_it_names_them(tmp_path):
-    preflight, rollout, _ = batches(tmp_path, ["h1", "h2", "h4"], deploy_hosts="h4,h2,h1", deploy_batch="1")
-    assert preflight == [["h4", "h2", "h1"]]
-    assert rollout == [["h4"], ["h2"], ["h1"]]
+    result = run(tmp_path, ["h1", "h2", "h4"], deploy_hosts="h4,h2,h1", deploy_batch="1")
+    assert result["preflight"] == [["h4", "h2", "h1"]]
+    assert result["batch"] == [["h4"], ["h2"], ["h1"]]
 
 
 def test_a_host_pattern_keeps_its_exclusions(tmp_path):
-    _, rollout, _ = batches(tmp_path, ["h5", "h3", "h1"], deploy_hosts="sglang_fleet:!h2:!h4", deploy_batch="100%")
-    assert rollout == [["h1", "h3", "h5"]]
+    result = run(tmp_path, ["h5", "h3", "h1"], deploy_hosts="sglang_fleet:!h2:!h4", deploy_batch="100%")
+    assert result["batch"] == [["h1", "h3", "h5"]]
 
 
 def test_no_batch_runs_and_nothing_warns_when_every_host_is_up_to_date(tmp_path):
-    _, rollout, output = batches(tmp_path, [], deploy_batch="2")
-    assert rollout == []
-    assert "Could not match" not in output and "WARNING" not in output, output
+    result = run(tmp_path, [], deploy_batch="2")
+    assert result["batch"] == []
+    assert "Could not match" not in result["output"] and "WARNING" not in result["output"], result["output"]
