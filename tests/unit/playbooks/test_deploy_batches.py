@@ -20,11 +20,13 @@ PREFLIGHT = "Deploy - preflight every host (nothing changes)"
 BATCHES = "Deploy - one batch at a time"
 
 
-def deploy_play(name: str) -> dict:
-    """A play of deploy.yml with its host selection, batching and knobs, and a task that reports its batch."""
+def deploy_play(name: str, label: str) -> dict:
+    """A play of deploy.yml with its host selection, batching and knobs, and a task that reports its batch under
+    `label`."""
     play = next(play for play in yaml.safe_load(DEPLOY.read_text()) if play["name"] == name)
     kept = {key: play[key] for key in ("name", "hosts", "gather_facts", "serial", "vars") if key in play}
-    report = {"ansible.builtin.debug": {"msg": "BATCH {{ ansible_play_batch | join(',') }}"}, "run_once": True}
+    batch = "{{ ansible_play_batch | join(',') }}"
+    report = {"ansible.builtin.debug": {"msg": f"BATCH {label} {batch}"}, "run_once": True}
     return {**kept, "tasks": [report]}
 
 
@@ -43,7 +45,7 @@ def run(tmp_path: Path, arrival: list[str], **knobs: str) -> dict:
         ],
     }
     playbook = tmp_path / "batches.yml"
-    plays = [deploy_play(PREFLIGHT), fill, deploy_play(BATCHES)]
+    plays = [deploy_play(PREFLIGHT, "preflight"), fill, deploy_play(BATCHES, "batch")]
     playbook.write_text(yaml.safe_dump(plays, sort_keys=False))
     inventory = tmp_path / "inventory.ini"
     inventory.write_text("[sglang_fleet]\n" + "".join(f"{host} ansible_connection=local\n" for host in HOSTS))
@@ -56,10 +58,9 @@ def run(tmp_path: Path, arrival: list[str], **knobs: str) -> dict:
         check=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    found: dict[str, list[list[str]]] = {"preflight": [], "batch": [], "other": []}
-    for text in re.split(r"^PLAY \[", proc.stdout, flags=re.MULTILINE)[1:]:
-        kind = {PREFLIGHT: "preflight", BATCHES: "batch"}.get(text.split("]", 1)[0], "other")
-        found[kind] += [batch.split(",") for batch in re.findall(r'"msg": "BATCH ([^"]*)"', text)]
+    found: dict[str, list[list[str]]] = {"preflight": [], "batch": []}
+    for label, batch in re.findall(r'"msg": "BATCH (preflight|batch) ([^"]*)"', proc.stdout):
+        found[label].append(batch.split(","))
     return {**found, "output": proc.stdout + proc.stderr}
 
 
