@@ -515,23 +515,25 @@ def test_greedy_text_is_deterministic_and_one_piece_per_token():
 
 
 def test_title_is_argv0_in_cmdline_and_comm():
+    # The child reports once both the argv block and the comm name are written: polling cmdline alone
+    # raced the prctl that follows it.
+    ready_read, ready_write = os.pipe()
     pid = os.fork()
     if pid == 0:
         try:
+            os.close(ready_read)
             proctitle.set_title("sglang::scheduler_TP0")
+            os.write(ready_write, b"1")
             signal.pause()
         finally:
             os._exit(0)
+    os.close(ready_write)
     try:
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            if cmdline.startswith(b"sglang::"):
-                break
-            time.sleep(0.01)
-        assert cmdline == b"sglang::scheduler_TP0\0"
+        assert os.read(ready_read, 1) == b"1"
+        assert Path(f"/proc/{pid}/cmdline").read_bytes() == b"sglang::scheduler_TP0\0"
         assert Path(f"/proc/{pid}/comm").read_text() == "sglang::schedul\n"
     finally:
+        os.close(ready_read)
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
 
