@@ -102,6 +102,13 @@ def build_parser() -> argparse.ArgumentParser:
                 help="put GPU in MIG mode on every host: SPEC is 1, 2, 3 or 7 equal instances, or profiles "
                 "(1g.10gb, 2g.20gb, 3g.40gb, 4g.40gb, 7g.80gb) joined by commas; repeatable",
             )
+            cmd.add_argument(
+                "--gpu-reserved-mib",
+                type=_bounded_int("--gpu-reserved-mib", 0, payload.GPU_TOTAL_MIB - 1),
+                default=payload.simgpu_state.DEFAULT_RESERVED_MIB,
+                help="the driver's reservation on each GPU in MiB: part of NVML's v1 used, v2's reserved "
+                f"(default {payload.simgpu_state.DEFAULT_RESERVED_MIB}, an idle {payload.GPU_NAME}'s)",
+            )
 
     ex = sub.add_parser("exec", help="run a command inside a host (no SSH), e.g. lab exec lab1 -- systemctl status")
     ex.add_argument("--name", type=_lab_name, default="lab")
@@ -137,6 +144,7 @@ def cmd_up(args) -> int:
                 "subnet": allocate_subnet(args.name),
                 "gpus": args.gpus,
                 "mig": {str(gpu): spec for gpu, spec in mig.items()},
+                "gpu_reserved_mib": args.gpu_reserved_mib,
                 "hosts": [],
                 "status": "starting",
                 "rootfs": str(rootfs),
@@ -149,7 +157,17 @@ def cmd_up(args) -> int:
             host_side, container_side = addresses(data["subnet"], index)
             host_dir = state.host_dir(host)
             merged = hosts.mount_overlay(rootfs, host_dir)
-            payload.install(merged, host, container_side, host_side, public_key, args.gpus, simgpu_build, mig)
+            payload.install(
+                merged,
+                host,
+                container_side,
+                host_side,
+                public_key,
+                args.gpus,
+                simgpu_build,
+                mig,
+                reserved_mib=args.gpu_reserved_mib,
+            )
             log_path = state.run_dir / f"{host}.console.log"
             pid = hosts.start_container(host, merged, log_path, hosts.host_cgroups(state, host))
             data["hosts"].append(

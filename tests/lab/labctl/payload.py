@@ -101,6 +101,7 @@ def install(
     gpus: int,
     simgpu_build: Path,
     mig: dict[int, str] | None = None,
+    reserved_mib: int = simgpu_state.DEFAULT_RESERVED_MIB,
 ) -> None:
     """Write the per-host files into the host's merged tree (they land in its overlay's upper dir)."""
     _write(root, "/etc/hostname", host + "\n")
@@ -119,6 +120,7 @@ def install(
     _install(root, simgpu_build / "simgpu-claim", "/usr/local/bin/simgpu-claim", 0o755)
     _install(root, simgpu_build / "simgpu_state.py", "/usr/local/lib/simgpu/simgpu_state.py", 0o644)
     _write(root, "/var/lib/simgpu/gpus", gpu_lines(host, gpus))
+    _write(root, f"/var/lib/simgpu/{simgpu_state.RESERVED_FILE}", f"{reserved_mib}\n")
     if mig:
         _write(root, "/var/lib/simgpu/mig", mig_lines(host, gpus, mig))
     # Any GPU user may claim memory (as /dev/nvidia* are 0666); the sticky bit keeps claims their owners'.

@@ -59,6 +59,13 @@ KNOBS = (
     ),
     Knob("weight-fraction", float, 0.45, "model weights per scheduler as a fraction of its GPU's memory", 0.0, 1.0),
     Knob("cuda-graph-mib", int, 256, "MiB each scheduler adds for CUDA graphs, outside --mem-fraction-static"),
+    Knob(
+        "nccl-allreduce-cost",
+        float,
+        0.12,
+        "with --tp-size 2 or more and no custom all-reduce (disabled or failed to set up): the extra fraction of "
+        "each decode step NCCL's all-reduce takes",
+    ),
     Knob("draft-base-mib", int, 768, "MiB of draft model weights when speculative decoding is on"),
     Knob(
         "mem-overhead-mib-per-draft-token",
@@ -113,7 +120,9 @@ def _sglang_flags(parser: argparse.ArgumentParser) -> None:
     add("--log-level", default="info", type=str.lower, choices=["debug", "info", "warning", "error", "critical"])
     add("--trust-remote-code", action="store_true")
     add("--enable-metrics", action="store_true")
+    add("--decode-log-interval", type=int, default=40)
     add("--base-gpu-id", type=int, default=0)
+    add("--disable-custom-all-reduce", action="store_true")
     add("--gpu-id-step", type=int, default=1)
     add("--stream-interval", type=int, default=1)
     add("--incremental-streaming-output", action="store_true")

@@ -63,6 +63,7 @@ class EngineConfig:
     spec: SpecConfig
     spec_params: specmodel.SpecParams | None
     faults: dict
+    decode_log_interval: int = 40
 
 
 @dataclass(frozen=True)
@@ -133,6 +134,12 @@ class Engine:
         self._served = 0  # user generations admitted (the warm-up and health checks are not counted)
         self.mode = NORMAL
         self._frozen: tuple | None = None  # scheduler gauges when the scheduler got stuck
+        # What the scheduler last published to its gauges, and its decode-step counter (forward_ct_decode): the
+        # gauges are not live (see gauges()).
+        self._published = (0, 0)
+        self._decoding = 0  # requests past their prefill: the running batch the scheduler reports
+        self._decode_ct = 0.0
+        self._decode_ct_at = time.monotonic()
         self.last_receive_wall = time.time()  # TokenizerManager.last_receive_tstamp (for the health log)
         self._seen_prompts: OrderedDict = OrderedDict()
         self._seen_lock = threading.Lock()
@@ -148,11 +155,31 @@ class Engine:
 
     # -- the scheduler's state, as /metrics and the health check see it ------------------------------------------
     def gauges(self) -> tuple[int, int, float]:
-        """(num_running_reqs, num_queue_reqs, gen_throughput); frozen while the scheduler is stuck."""
+        """(num_running_reqs, num_queue_reqs, gen_throughput) as the scheduler last published them.
+
+        As SGLang 0.5.23's SchedulerMetricsReporter: at a prefill, the running batch without the requests just
+        admitted and the waiting queue; every ``decode_log_interval`` decode steps of the batch, the batch and the
+        queue; when the scheduler goes idle, (0, 0). In between they hold. Frozen while the scheduler is stuck.
+        """
         with self._cond:
             if self._frozen is not None:
                 return self._frozen
-            return self._running, len(self._waiting), self.stats.gen_throughput()
+            self._count_decode_steps()
+            return self._published[0], self._published[1], self.stats.gen_throughput()
+
+    def _count_decode_steps(self) -> None:
+        """Advance forward_ct_decode to now (lock held; call before the batch changes) and publish at each
+        multiple of decode_log_interval. Between batch changes the batch and its step time are constant."""
+        now = time.monotonic()
+        elapsed, self._decode_ct_at = now - self._decode_ct_at, now
+        if self._decoding <= 0 or self.mode == STUCK:  # a stalled loop keeps stepping without progress
+            return
+        step_s = self.config.token_latency_s * self._step_cost(self._running)
+        before = int(self._decode_ct)
+        self._decode_ct = self._decode_ct + elapsed / step_s if step_s > 0 else before + 1.0
+        interval = max(1, self.config.decode_log_interval)
+        if int(self._decode_ct) // interval > before // interval:
+            self._published = (self._decoding, len(self._waiting))
 
     def health_ack_at(self) -> float | None:
         """When a health check sent now gets its answer from the scheduler (monotonic time), or None: never.
@@ -319,6 +346,7 @@ class Engine:
                 return STUCK
             if mode == STALLED:
                 self.mode = STALLED
+            self._count_decode_steps()
             self._waiting.append(request)
             check = self._poller(client_gone, kept=False)
             try:
@@ -329,18 +357,31 @@ class Engine:
                     self._wait(None)
                     check()
             except ClientGone:
+                self._count_decode_steps()
                 self._waiting.remove(request)
+                self._publish_if_idle()
                 self._cond.notify_all()
                 raise
+            self._count_decode_steps()
             self._waiting.popleft()
+            # The prefill's report: the running batch, which does not hold the requests still in their prefill.
+            self._published = (self._decoding, len(self._waiting))
             self._running += 1
             self._cond.notify_all()
             return self.mode
 
-    def _leave(self) -> None:
+    def _leave(self, decoding: bool) -> None:
         with self._cond:
+            self._count_decode_steps()
             self._running -= 1
+            self._decoding -= 1 if decoding else 0
+            self._publish_if_idle()
             self._cond.notify_all()
+
+    def _publish_if_idle(self) -> None:
+        # The idle loop publishes at once when the gauge disagrees with the (empty) running batch.
+        if self._running == 0 and not self._waiting:
+            self._published = (0, 0)
 
     def _never(self, client_gone, kept: bool) -> None:
         """A request that never progresses: wait until the client gives up (raises ClientGone)."""
@@ -359,16 +400,21 @@ class Engine:
         self.validate(request)
         cached = self._cached_tokens(request)
         mode = self._admit(request, client_gone)
+        phase = {"decoding": False}
         if mode == STUCK:
             self._never(client_gone, kept=True)
         try:
             if mode == STALLED:
+                with self._cond:  # it joins the batch, whose steps make no progress
+                    self._count_decode_steps()
+                    self._decoding += 1
+                    phase["decoding"] = True
                 self._never(client_gone, kept=False)
-            return self._decode(request, emit, arrived, cached, client_gone)
+            return self._decode(request, emit, arrived, cached, client_gone, phase)
         finally:
-            self._leave()
+            self._leave(phase["decoding"])
 
-    def _decode(self, request: Request, emit, arrived: float, cached: int, client_gone) -> dict:
+    def _decode(self, request: Request, emit, arrived: float, cached: int, client_gone, phase: dict) -> dict:
         pieces, finish_reason = self._pieces(request)
         per_step, spec_meta = self._plan(request, len(pieces))
         ends = list(itertools.accumulate(per_step))
@@ -381,6 +427,9 @@ class Engine:
         with self._cond:
             while time.monotonic() < prefill_end:
                 self._wait(prefill_end)
+            self._count_decode_steps()
+            self._decoding += 1  # merged into the running batch after its prefill
+            phase["decoding"] = True
             clock = prefill_end
             for index, end in enumerate(ends):
                 last = index == len(ends) - 1

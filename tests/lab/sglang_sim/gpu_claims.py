@@ -20,7 +20,6 @@ except ImportError:  # a lab host: the module lives with the driver stand-in, ou
 Gpu = simgpu_state.Gpu
 MigDevice = simgpu_state.MigDevice
 StateError = simgpu_state.StateError
-DRIVER_RESERVED_MIB = simgpu_state.DRIVER_RESERVED_MIB
 
 
 def state_dir():
@@ -31,9 +30,16 @@ def read_gpus() -> list:
     return simgpu_state.read_gpus()
 
 
+def reserved_mib() -> int:
+    """The driver's reservation on each GPU, which CUDA leaves out of a device's total."""
+    return simgpu_state.reserved_mib()
+
+
 def free_mib(device, exclude_pid: int | None = None) -> int:
-    """Free memory of a CUDA device (cuda_devices.CudaDevice): total - counted claims - the driver's 1 MiB."""
-    return device.total_mib - simgpu_state.used_mib(None, device.gpu, device.mig, exclude_pid)
+    """Free memory of a CUDA device (cuda_devices.CudaDevice, whose total leaves the reservation out): its total less
+    the counted claims and the 1 MiB of an idle device."""
+    reserved = reserved_mib() if device.mig is None else 0
+    return device.total_mib + reserved - simgpu_state.used_mib(None, device.gpu, device.mig, exclude_pid)
 
 
 def write_claim(device, pid: int, mib: int) -> None:

@@ -17,7 +17,7 @@ import signal
 import sys
 import warnings
 
-from . import args, configfile, faults, info, lifecycle, logs, sources, spec_args, specmodel
+from . import allreduce, args, configfile, faults, info, lifecycle, logs, sources, spec_args, specmodel
 from .engine import Engine, EngineConfig
 from .http_api import make_server
 from .scheduler import RankPlan, rank_names, run_detokenizer, run_scheduler
@@ -97,9 +97,11 @@ def _engine(ns, spec: spec_args.SpecConfig, model: info.ModelConfig, max_running
             ns.sim_spec_draft_batch_cost,
             ns.sim_spec_verify_batch_cost,
         )
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    nccl = allreduce.uses_nccl(ns.tp_size, ns.disable_custom_all_reduce, visible)
     return Engine(
         EngineConfig(
-            token_latency_s=ns.sim_token_latency_ms / 1000.0,
+            token_latency_s=ns.sim_token_latency_ms / 1000.0 * (1.0 + (ns.sim_nccl_allreduce_cost if nccl else 0.0)),
             prefill_s_per_token=ns.sim_prefill_ms_per_token / 1000.0,
             seed=ns.sim_seed,
             noise=ns.sim_noise,
@@ -111,6 +113,7 @@ def _engine(ns, spec: spec_args.SpecConfig, model: info.ModelConfig, max_running
             spec=spec,
             spec_params=params,
             faults=ns.faults,
+            decode_log_interval=ns.decode_log_interval,
         )
     )
 
@@ -126,6 +129,9 @@ def _plans(ns, spec: spec_args.SpecConfig, model: info.ModelConfig, installed) -
             ns.sim_mem_overhead_mib_per_draft_token,
         )
     architecture = (model.architectures or ["LlamaForCausalLM"])[0]
+    allreduce_error = allreduce.setup_error(
+        ns.tp_size, ns.disable_custom_all_reduce, os.environ.get("CUDA_VISIBLE_DEVICES")
+    )
     plans = []
     for rank, (title, prefix) in enumerate(rank_names(ns.tp_size, ns.dp_size)):
         dp_rank, tp_rank = divmod(rank, ns.tp_size)
@@ -150,6 +156,7 @@ def _plans(ns, spec: spec_args.SpecConfig, model: info.ModelConfig, installed) -
                 crash=faults.CRASH_ON_LOAD in ns.faults and rank == 0,
                 never_load=faults.NEVER_LOAD in ns.faults,
                 orphan=faults.ORPHAN_SCHEDULERS in ns.faults,
+                allreduce_error=allreduce_error,
             )
         )
     return plans

@@ -20,7 +20,7 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import cuda_devices, gpu_claims, jit, proctitle
+from . import allreduce, cuda_devices, gpu_claims, jit, proctitle
 from .logs import configure
 
 logger = logging.getLogger("sglang_sim.scheduler")
@@ -81,6 +81,8 @@ class RankPlan:
     crash: bool
     never_load: bool
     orphan: bool
+    # Why the custom all-reduce fails to set up (allreduce.py), or None.
+    allreduce_error: str | None = None
 
 
 def rank_names(tp_size: int, dp_size: int) -> list[tuple[str, str]]:
@@ -147,6 +149,9 @@ class Loader:
         self.claimed = 0
         self.start = time.monotonic()
         self.gpu = _device(plan)
+        if plan.allreduce_error is not None:
+            # init_model_parallel, before the weights load (parallel_state.py:503-517)
+            logger.warning(allreduce.SETUP_FAILED, plan.allreduce_error)
 
     def _free(self) -> int:
         return gpu_claims.free_mib(self.gpu, exclude_pid=self.pid) - self.claimed

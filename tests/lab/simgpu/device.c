@@ -186,8 +186,12 @@ nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index)
     return result;
 }
 
-/* Total and used bytes of a GPU, a MIG-mode GPU (aggregate) or one MIG device. */
-static nvmlReturn_t memory_bytes(nvmlDevice_t device, unsigned long long *total, unsigned long long *used)
+/*
+ * Total, used (NVML v1: the driver's reservation included) and reserved bytes of a GPU, a MIG-mode GPU (aggregate)
+ * or one MIG device. The reservation belongs to the GPU; a MIG device reports none of its own.
+ */
+static nvmlReturn_t memory_bytes(nvmlDevice_t device, unsigned long long *total, unsigned long long *used,
+                                 unsigned long long *reserved)
 {
     struct sim_gpu_list list;
     struct sim_claims claims;
@@ -203,10 +207,12 @@ static nvmlReturn_t memory_bytes(nvmlDevice_t device, unsigned long long *total,
     result = sim_read_claims(t.gpu, which, &claims);
     if (result != NVML_SUCCESS)
         return result;
-    /* Every device (the GPU and each MIG device) keeps the driver's 1 MiB. */
-    unsigned long long reserved = SIM_DRIVER_RESERVED_MIB * (1 + (aggregate ? gpu->mig_count : 0));
+    /* Every device (the GPU and each MIG device) shows 1 MiB used when idle. */
+    unsigned long long idle = SIM_IDLE_USED_MIB * (1 + (aggregate ? gpu->mig_count : 0));
+    unsigned long long reserved_mib = t.mig < 0 ? sim_reserved_mib() : 0;
     *total = (t.mig < 0 ? gpu->total_mib : gpu->mig[t.mig].total_mib) * SIM_MIB;
-    *used = (claims.total_mib + reserved) * SIM_MIB;
+    *used = (claims.total_mib + idle + reserved_mib) * SIM_MIB;
+    *reserved = reserved_mib * SIM_MIB;
     sim_free_claims(&claims);
     return NVML_SUCCESS;
 }
@@ -219,10 +225,10 @@ static unsigned long long free_bytes(unsigned long long total, unsigned long lon
 
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
 {
-    unsigned long long total, used;
+    unsigned long long total, used, reserved;
     if (!memory)
         return sim_initialized() ? NVML_ERROR_INVALID_ARGUMENT : NVML_ERROR_UNINITIALIZED;
-    nvmlReturn_t result = memory_bytes(device, &total, &used);
+    nvmlReturn_t result = memory_bytes(device, &total, &used, &reserved);
     if (result != NVML_SUCCESS)
         return result;
     memory->total = total;
@@ -233,17 +239,18 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
 
 nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory)
 {
-    unsigned long long total, used;
+    unsigned long long total, used, reserved;
     if (!memory)
         return sim_initialized() ? NVML_ERROR_INVALID_ARGUMENT : NVML_ERROR_UNINITIALIZED;
-    nvmlReturn_t result = memory_bytes(device, &total, &used);
+    nvmlReturn_t result = memory_bytes(device, &total, &used, &reserved);
     if (result != NVML_SUCCESS)
         return result;
     if (memory->version != nvmlMemory_v2)
         return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    /* As a driver from R510 on: total = reserved + used + free (nvidia-smi -q's "FB Memory Usage"). */
     memory->total = total;
-    memory->reserved = 0;
-    memory->used = used;
+    memory->reserved = reserved;
+    memory->used = used - reserved;
     memory->free = free_bytes(total, used);
     return NVML_SUCCESS;
 }

@@ -32,7 +32,8 @@ static const char usage[] =
     "    -L, --list-gpus             One line per GPU: \"GPU 0: NAME (UUID: GPU-...)\", MIG devices below it.\n"
     "    -i, --id=ID                 Only these GPUs: indices or UUIDs, comma separated.\n"
     "    --query-gpu=FIELDS          index, uuid, gpu_uuid, name, gpu_name, memory.total, memory.used,\n"
-    "                                memory.free, driver_version, count, utilization.gpu, utilization.memory\n"
+    "                                memory.free, memory.reserved, driver_version, count, utilization.gpu,\n"
+    "                                utilization.memory\n"
     "    --query-compute-apps=FIELDS pid, process_name, name, gpu_uuid, gpu_name, used_memory, used_gpu_memory\n"
     "    --format=csv[,noheader][,nounits]  Required with --query-*.\n"
     "\n"
@@ -240,16 +241,16 @@ static void print_gpu_rows(const struct smi_gpus *gpus)
     for (unsigned g = 0; g < gpus->count; g++) {
         char name[NVML_DEVICE_NAME_V2_BUFFER_SIZE], memory_text[64] = "N/A", util_text[16] = "N/A";
         unsigned index;
-        nvmlMemory_t memory;
+        nvmlMemory_v2_t memory = {.version = nvmlMemory_v2};
         nvmlUtilization_t rates;
         smi_check("nvmlDeviceGetIndex", nvmlDeviceGetIndex(gpus->handles[g], &index));
         smi_check("nvmlDeviceGetName", nvmlDeviceGetName(gpus->handles[g], name, sizeof(name)));
-        nvmlReturn_t result = nvmlDeviceGetMemoryInfo(gpus->handles[g], &memory);
+        nvmlReturn_t result = nvmlDeviceGetMemoryInfo_v2(gpus->handles[g], &memory);
         if (result == NVML_SUCCESS)
             snprintf(memory_text, sizeof(memory_text), "%9lluMiB / %9lluMiB", memory.used / BYTES_PER_MIB,
                      memory.total / BYTES_PER_MIB);
         else if (result != NVML_ERROR_NO_PERMISSION)
-            smi_fail("nvmlDeviceGetMemoryInfo", result);
+            smi_fail("nvmlDeviceGetMemoryInfo_v2", result);
         result = nvmlDeviceGetUtilizationRates(gpus->handles[g], &rates);
         if (result == NVML_SUCCESS)
             snprintf(util_text, sizeof(util_text), "%8u%%", rates.gpu);

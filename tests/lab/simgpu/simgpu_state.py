@@ -28,7 +28,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 DEFAULT_STATE_DIR = "/var/lib/simgpu"
-DRIVER_RESERVED_MIB = 1
+# What an idle device's NVML v2 ``used`` reads (nvidia-smi's "1MiB / 81559MiB").
+IDLE_USED_MIB = 1
+# The driver's reservation on each GPU (NVML v2 ``reserved``, part of v1 ``used``) without a reserved_mib file: what
+# an idle H100 80GB HBM3 shows (README.md cites it).
+DEFAULT_RESERVED_MIB = 454
+RESERVED_FILE = "reserved_mib"
 DEFAULT_RELEASE_LAG_MS = 400
 LAG_ENV = "SIMGPU_RELEASE_LAG_MS"
 LAG_FILE = "release_lag_ms"
@@ -285,10 +290,20 @@ def claim_status(claim: Claim, directory: Path | None = None, now: float | None 
     return now < released_at + lag, False
 
 
+def reserved_mib(directory: Path | None = None) -> int:
+    """The driver's reservation on each GPU: the state directory's reserved_mib, else DEFAULT_RESERVED_MIB."""
+    try:
+        raw = (state_dir(directory) / RESERVED_FILE).read_text().strip()
+    except OSError:
+        raw = ""
+    return int(raw) if raw.isdigit() else DEFAULT_RESERVED_MIB
+
+
 def used_mib(directory: Path | None, gpu: int, mig: int | None = None, exclude_pid: int | None = None) -> int:
-    """Counted claims on one device (a GPU without MIG, or one MIG device) plus the driver reservation."""
+    """NVML v1's used memory of one device (a GPU without MIG, or one MIG device): counted claims, the 1 MiB an
+    idle device shows, and on a GPU the driver's reservation (a MIG device reports none of its own)."""
     directory = state_dir(directory)
-    total = DRIVER_RESERVED_MIB
+    total = IDLE_USED_MIB + (reserved_mib(directory) if mig is None else 0)
     for claim in read_claims(directory):
         if claim.on(gpu, mig) and claim.pid != exclude_pid and claim_status(claim, directory)[0]:
             total += claim.mib

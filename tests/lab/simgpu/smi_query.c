@@ -54,17 +54,26 @@ static int unavailable(nvmlReturn_t result, char *cell)
     return 1;
 }
 
-enum memory_field { MEMORY_TOTAL, MEMORY_USED, MEMORY_FREE };
+enum memory_field { MEMORY_TOTAL, MEMORY_USED, MEMORY_FREE, MEMORY_RESERVED };
 
+/* As nvidia-smi from R510 on: memory.used leaves the driver's reservation out (NVML v2), memory.reserved is it. */
 static void memory_value(nvmlDevice_t device, char *cell, enum memory_field which)
 {
-    nvmlMemory_t memory;
-    nvmlReturn_t result = nvmlDeviceGetMemoryInfo(device, &memory);
+    nvmlMemory_v2_t memory = {.version = nvmlMemory_v2};
+    nvmlReturn_t result = nvmlDeviceGetMemoryInfo_v2(device, &memory);
     if (unavailable(result, cell))
         return;
-    smi_check("nvmlDeviceGetMemoryInfo", result);
-    unsigned long long bytes = which == MEMORY_TOTAL ? memory.total : which == MEMORY_USED ? memory.used : memory.free;
+    smi_check("nvmlDeviceGetMemoryInfo_v2", result);
+    unsigned long long bytes = which == MEMORY_TOTAL      ? memory.total
+                               : which == MEMORY_USED     ? memory.used
+                               : which == MEMORY_RESERVED ? memory.reserved
+                                                          : memory.free;
     snprintf(cell, CELL_SIZE, "%llu", bytes / BYTES_PER_MIB);
+}
+
+static void memory_reserved(nvmlDevice_t device, char *cell)
+{
+    memory_value(device, cell, MEMORY_RESERVED);
 }
 
 static void memory_total(nvmlDevice_t device, char *cell)
@@ -152,6 +161,7 @@ static const struct field gpu_fields[] = {
     {"memory.total", NULL, UNIT_MIB, memory_total, NULL},
     {"memory.used", NULL, UNIT_MIB, memory_used, NULL},
     {"memory.free", NULL, UNIT_MIB, memory_free, NULL},
+    {"memory.reserved", NULL, UNIT_MIB, memory_reserved, NULL},
     {"driver_version", NULL, UNIT_NONE, driver_version, NULL},
     {"count", NULL, UNIT_NONE, gpu_count, NULL},
     {"utilization.gpu", NULL, UNIT_PERCENT, utilization_gpu, NULL},

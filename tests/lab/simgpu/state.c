@@ -280,6 +280,27 @@ static double now_seconds(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
+/* A whole number from a small state file; 0 when the file is missing or malformed. */
+static int read_number_file(const char *leaf, unsigned long long max, unsigned long long *out)
+{
+    char path[PATH_MAX], text[32] = "";
+    snprintf(path, sizeof(path), "%s/%s", state_dir(), leaf);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t len = read(fd, text, sizeof(text) - 1);
+    close(fd);
+    text[len > 0 ? len : 0] = '\0';
+    strip_trailing_space(text);
+    return *text && parse_ull(text, max, out);
+}
+
+unsigned long long sim_reserved_mib(void)
+{
+    unsigned long long mib;
+    return read_number_file("reserved_mib", SIM_MAX_CLAIM_MIB, &mib) ? mib : SIM_DEFAULT_RESERVED_MIB;
+}
+
 /* $SIMGPU_RELEASE_LAG_MS, else <state>/release_lag_ms, else the default; malformed values use the default. */
 static double release_lag_seconds(void)
 {

@@ -13,7 +13,10 @@
 #define SIM_MAX_MIG 7
 #define SIM_PROFILE_SIZE 32
 #define SIM_DEFAULT_STATE_DIR "/var/lib/simgpu"
-#define SIM_DRIVER_RESERVED_MIB 1ULL
+/* What an idle device's NVML v2 `used` reads (nvidia-smi's "1MiB / 81559MiB"). */
+#define SIM_IDLE_USED_MIB 1ULL
+/* The driver's reservation on each GPU when the state has no reserved_mib file: an idle H100 80GB HBM3 (README). */
+#define SIM_DEFAULT_RESERVED_MIB 454ULL
 #define SIM_MIB 1048576ULL
 #define SIM_DEFAULT_RELEASE_LAG_MS 400
 
@@ -63,6 +66,9 @@ nvmlReturn_t sim_read_gpus(struct sim_gpu_list *list);
 /* which: a MIG device index, SIM_CLAIMS_GPU_ONLY or SIM_CLAIMS_ALL. */
 nvmlReturn_t sim_read_claims(unsigned int gpu_index, int which, struct sim_claims *claims);
 void sim_free_claims(struct sim_claims *claims);
+
+/* The driver's reservation per GPU in MiB: <state>/reserved_mib, else SIM_DEFAULT_RESERVED_MIB. */
+unsigned long long sim_reserved_mib(void);
 
 /* The state letter of /proc/PID/stat ('R', 'S', 'Z', ...), or 0 when the PID does not exist. */
 char sim_pid_state(unsigned int pid);

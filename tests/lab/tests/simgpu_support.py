@@ -77,6 +77,9 @@ def state_dir(tmp_path):
     lines = ["# index\tuuid\ttotal_mib\tname", ""]
     lines += [f"{index}\t{uuid}\t{TOTAL_MIB}\t{GPU_NAME}" for index, uuid in enumerate(UUIDS)]
     (state / "gpus").write_text("\n".join(lines) + "\n")
+    # No driver reservation: the claim tests read used memory as claims + the 1 MiB of an idle device. The
+    # reservation (default and per lab) has tests of its own, which write or remove this file.
+    (state / "reserved_mib").write_text("0\n")
     return state
 
 

@@ -33,6 +33,7 @@ def run_lab(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
         (["--mig", "0:4"], "--mig 0:4: MIG split 4: accepted counts are 1, 2, 3 and 7"),
         (["--mig", "two"], "--mig must be GPU:SPEC"),
         (["--gpus", "2", "--mig", "2:2"], "--mig names GPU 2 but hosts have 2 GPU(s)"),
+        (["--gpu-reserved-mib", "-1"], "--gpu-reserved-mib must be from 0 to 81558, got -1"),
         (["--name", "Lab_1"], "--name must be 1-6 lowercase letters or digits"),
         (["--name", "lab1"], "--name must be 1-6 lowercase letters or digits"),
     ],
@@ -175,6 +176,10 @@ def test_each_host_gets_the_venvs_ninja_a_shared_claims_dir_and_its_mig_devices(
     assert [len(g.mig) for g in gpus] == [0, 2, 0, 1]
     assert [m.profile for m in gpus[1].mig] == ["3g.40gb", "3g.40gb"] and gpus[3].mig[0].total_mib == 9984
     assert payload.mig_uuids("lab1", 4, {1: "2", 3: "1g.10gb"}) == [m.uuid for g in gpus for m in g.mig]
+    # The driver's reservation: simgpu's default (an idle H100 80GB HBM3's), or the lab's --gpu-reserved-mib.
+    assert payload.simgpu_state.reserved_mib(root / "var/lib/simgpu") == payload.simgpu_state.DEFAULT_RESERVED_MIB
+    payload.install(root, "lab1", "10.213.0.2", "10.213.0.1", "ssh-ed25519 AAAA\n", 4, build, reserved_mib=1536)
+    assert payload.simgpu_state.reserved_mib(root / "var/lib/simgpu") == 1536
     version = [sys.executable, str(payload.NINJA_STANDIN), "--version"]
     stand_in = subprocess.run(version, capture_output=True, text=True, check=True)
     assert stand_in.stdout == "1.13.0\n"

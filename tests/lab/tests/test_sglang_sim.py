@@ -19,6 +19,7 @@ sys.path.insert(0, str(LAB_DIR / "simgpu"))
 
 import simgpu_state  # noqa: E402
 from sglang_sim import (  # noqa: E402
+    allreduce,
     args,
     configfile,
     cuda_devices,
@@ -96,7 +97,8 @@ def test_verify_count_never_exceeds_the_draft_budget():
 
 def test_draft_memory_grows_with_depth_and_defaults_fail_above_steps_8():
     knobs = {k.name: k.default for k in args.KNOBS}
-    reserve = GPU_TOTAL * (1 - args.DEFAULT_MEM_FRACTION_STATIC) - gpu_claims.DRIVER_RESERVED_MIB
+    # CUDA's total leaves the driver's reservation out; the KV cache takes all but (1 - mem_fraction_static) of it.
+    reserve = (GPU_TOTAL - simgpu_state.DEFAULT_RESERVED_MIB) * (1 - args.DEFAULT_MEM_FRACTION_STATIC)
 
     def overhead(steps: int) -> int:
         draft = specmodel.draft_memory_mib(
@@ -604,3 +606,21 @@ def test_readme_concurrency_table_is_the_model():
         ]
         assert row[1:] == expected, row
     assert rows[-1] == ["best", *(str(specmodel.best_steps(EAGLE, c)) for c in columns)]
+
+
+def test_nccl_all_reduce_costs_decode_throughput(monkeypatch):
+    """With custom all-reduce failed (a GPU UUID in CUDA_VISIBLE_DEVICES) or off, tp >= 2 decodes slower."""
+    assert allreduce.setup_error(2, False, "GPU-a,GPU-b") == "invalid literal for int() with base 10: 'GPU-a'"
+    assert allreduce.setup_error(2, False, "0,1") is None
+    assert allreduce.setup_error(1, False, "GPU-a") is None
+    assert allreduce.setup_error(2, True, "GPU-a,GPU-b") is None
+    assert allreduce.setup_error(3, False, "GPU-a,GPU-b,GPU-c") is None  # an unsupported world size never parses
+    ns, _ignored = args.parse(["--model-path", "m", "--tp-size", "2"], {})
+    model = launch_server.info.read_model_config("m", None)
+    spec = spec_args.resolve(None, None, None, None, members=frozenset(), aliases=frozenset(), model_arch=None)
+    latency = {}
+    for visible in ("0,1", "GPU-0000-sim,GPU-0001-sim"):
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+        latency[visible] = launch_server._engine(ns, spec, model, 8).config.token_latency_s
+    assert latency["GPU-0000-sim,GPU-0001-sim"] == pytest.approx(latency["0,1"] * (1 + ns.sim_nccl_allreduce_cost))
+    assert ns.sim_nccl_allreduce_cost > 0

@@ -260,6 +260,34 @@ def test_health_is_answered_while_a_long_request_runs(start):
     worker.join(30)
 
 
+# -- the scheduler's gauges --------------------------------------------------------------------------------------
+def test_gauges_miss_a_request_until_decode_log_interval_decode_steps(start):
+    """SGLang publishes num_running_reqs at a prefill without the batch just admitted, then every
+    decode_log_interval decode steps: a request that reaches an idle engine reads 0 running, 0 queued."""
+    sim = start("--enable-metrics", "--sim-token-latency-ms", "20", "--decode-log-interval", "40", *FAST)
+    result: dict = {}
+    worker = threading.Thread(target=stream, args=(sim, 150, result, "r"))
+    worker.start()
+    assert wait_for(lambda: "r:first" in result)
+    # Up to 40 steps of 20 ms (0.8 s) after its prefill, the gauges still hold the idle values.
+    assert (metric(sim, "sglang:num_running_reqs"), metric(sim, "sglang:num_queue_reqs")) == (0, 0)
+    assert wait_for(lambda: metric(sim, "sglang:num_running_reqs") == 1, timeout=3)
+    worker.join(30)
+    assert result["r"] == (200, 150, 150, True)
+    # Idle: the scheduler publishes at once when the gauge disagrees with its empty batch.
+    assert metric(sim, "sglang:num_running_reqs") == 0
+
+
+def test_a_short_decode_log_interval_publishes_sooner(start):
+    sim = start("--enable-metrics", "--sim-token-latency-ms", "20", "--decode-log-interval", "1", *FAST)
+    result: dict = {}
+    worker = threading.Thread(target=stream, args=(sim, 100, result, "r"))
+    worker.start()
+    assert wait_for(lambda: "r:first" in result)
+    assert wait_for(lambda: metric(sim, "sglang:num_running_reqs") == 1, timeout=0.5)
+    worker.join(30)
+
+
 # -- faults that stop progress -------------------------------------------------------------------------------
 def test_hang_after_requests_serves_n_generations_then_hangs(start):
     sim = start("--sim-fault", "hang-after-requests=3", "--enable-metrics", *FAST)
@@ -288,8 +316,9 @@ def test_progress_stall_queues_requests_while_no_token_is_made(start):
     tokens = metric(sim, "sglang:generation_tokens_total")
     with ThreadPoolExecutor(3) as pool:
         futures = [pool.submit(generate, sim, 4, 2.5) for _request in range(3)]
-        assert wait_for(lambda: metric(sim, "sglang:num_queue_reqs") == 2)
-        assert metric(sim, "sglang:num_running_reqs") == 1
+        assert wait_for(
+            lambda: (metric(sim, "sglang:num_running_reqs"), metric(sim, "sglang:num_queue_reqs")) == (1, 2)
+        )
         assert timed_get(sim, "/health")[0] == 200  # the scheduler's loop is alive and answers health checks
         assert metric(sim, "sglang:generation_tokens_total") == tokens
         for future in futures:
@@ -481,7 +510,9 @@ def test_the_best_step_count_falls_as_the_batch_grows(start):
 def test_requests_beyond_max_running_requests_wait_in_the_queue(start):
     sim = start("--max-running-requests", "2", "--enable-metrics", *SLOW, *FAST)
     with ThreadPoolExecutor(4) as pool:
-        futures = [pool.submit(generate, sim, 30) for _request in range(4)]
-        assert wait_for(lambda: metric(sim, "sglang:num_queue_reqs") == 2)
-        assert metric(sim, "sglang:num_running_reqs") == 2
+        futures = [pool.submit(generate, sim, 120) for _request in range(4)]
+        # The gauges show the batch within decode_log_interval (40) decode steps.
+        assert wait_for(
+            lambda: (metric(sim, "sglang:num_running_reqs"), metric(sim, "sglang:num_queue_reqs")) == (2, 2)
+        )
         assert all(f.result()[0] == 200 for f in futures)

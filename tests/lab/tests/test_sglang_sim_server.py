@@ -10,12 +10,17 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from sim_support import API_KEY, FAST, GPU_TOTAL, LAB_DIR, SIMGPU_DIR, claims, events, generate
+
+if str(SIMGPU_DIR) not in sys.path:
+    sys.path.insert(0, str(SIMGPU_DIR))
+import simgpu_state
 
 
 # -- a healthy TP=2 server ------------------------------------------------------------------------------------------
@@ -33,7 +38,8 @@ def test_processes_titles_and_gpu_claims(tp2, lab_env):
     held = claims(lab_env)
     schedulers = {pid for pid, cmd in tp2.children().items() if "scheduler" in cmd}
     assert {name.split(".pid")[1] for name in held} == {str(p) for p in schedulers}
-    expected = int(GPU_TOTAL * 0.85) - 1 + 256
+    # CUDA's total leaves the driver's reservation out (simgpu's default, as lab_env writes none).
+    expected = int((GPU_TOTAL - simgpu_state.DEFAULT_RESERVED_MIB) * 0.85) - 1 + 256
     assert all(abs(mib - expected) <= 2 for mib in held.values()), held
 
 
@@ -341,3 +347,29 @@ def test_orphan_schedulers_outlive_the_main_process_and_keep_claims(start, lab_e
     assert code != 0 and "CUDA out of memory" in err
     assert {pid for pid, cmd in sim.children().items() if "scheduler" in cmd} == schedulers
     assert {name: mib for name, mib in claims(lab_env).items() if name in held} == held
+
+
+@pytest.mark.parametrize(
+    ("visible", "extra", "fails"),
+    [
+        ("GPU-0000-sim,GPU-0001-sim", (), True),
+        ("0,1", (), False),
+        ("GPU-0000-sim,GPU-0001-sim", ("--disable-custom-all-reduce",), False),
+    ],
+    ids=["uuids", "indexes", "disabled"],
+)
+def test_custom_all_reduce_fails_to_set_up_on_gpu_uuids_at_tp_2(start, visible, extra, fails):
+    """parallel_state.py:503-517: every TP rank logs the failure of custom_all_reduce_utils.py:477's int()."""
+    sim = start("--tp-size", "2", *extra, *FAST, env={"CUDA_VISIBLE_DEVICES": visible})
+    sim.kill()
+    failures = [line for line in sim.log.splitlines() if "Setup Custom allreduce failed" in line]
+    if fails:
+        assert len(failures) == 2, sim.log
+        assert all(
+            "Setup Custom allreduce failed with invalid literal for int() with base 10: 'GPU-0000-sim'. To silence "
+            "this warning, specify --disable-custom-all-reduce explicitly." in line
+            for line in failures
+        ), failures
+        assert {"TP0" in line for line in failures} == {True, False}
+    else:
+        assert failures == [], failures

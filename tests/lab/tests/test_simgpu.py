@@ -28,6 +28,10 @@ from simgpu_support import (
     write_claim,
 )
 
+if str(SIMGPU) not in sys.path:
+    sys.path.insert(0, str(SIMGPU))
+import simgpu_state
+
 PYNVML_ERRORS = r"""
 import json, sys
 import pynvml as n
@@ -127,16 +131,39 @@ def test_pynvml_sees_the_gpu_list(probe):
 
 
 def test_pynvml_memory_counts_live_claims_plus_reservation(probe, state_dir, spawn):
+    (state_dir / "reserved_mib").unlink()  # the default: an idle H100 80GB HBM3's reservation
     holder = spawn()
     write_claim(state_dir, 1, holder.pid, 1000)
     write_claim(state_dir, 0, dead_pid(), 5000)  # stale: its process is gone
     gpu0, gpu1 = probe.snapshot()["gpus"]
-    total = TOTAL_MIB * MIB
-    assert gpu0["memory"] == [total, total - MIB, MIB]
+    total, reserved = TOTAL_MIB * MIB, simgpu_state.DEFAULT_RESERVED_MIB * MIB
+    # v1's used holds the driver's reservation; v2 reports it apart (total = reserved + used + free).
+    assert gpu0["memory"] == [total, total - reserved - MIB, reserved + MIB]
+    assert gpu0["memory_v2"] == [0x02000028, total, reserved, total - reserved - MIB, MIB]
     used = 1001 * MIB
-    assert gpu1["memory"] == [total, total - used, used]
-    assert gpu1["memory_v2"] == [0x02000028, total, 0, total - used, used]
+    assert gpu1["memory"] == [total, total - reserved - used, reserved + used]
+    assert gpu1["memory_v2"] == [0x02000028, total, reserved, total - reserved - used, used]
     assert gpu0["compute"] == []
+
+
+@pytest.mark.parametrize("reserved_mib", [600, 1536])
+def test_the_reservation_is_set_per_lab_and_nvidia_smi_leaves_it_out(
+    probe, state_dir, build_dir, env, spawn, reserved_mib
+):
+    (state_dir / "reserved_mib").write_text(f"{reserved_mib}\n")
+    holder = spawn()
+    write_claim(state_dir, 1, holder.pid, 2048)
+    gpu0, gpu1 = probe.snapshot()["gpus"]
+    total, reserved = TOTAL_MIB * MIB, reserved_mib * MIB
+    assert gpu0["memory"] == [total, total - reserved - MIB, reserved + MIB]
+    assert gpu1["memory_v2"] == [0x02000028, total, reserved, total - reserved - 2049 * MIB, 2049 * MIB]
+    query = smi(build_dir, env, "--query-gpu=index,memory.used,memory.reserved,memory.free", "--format=csv,noheader")
+    free = TOTAL_MIB - reserved_mib
+    assert query.stdout.splitlines() == [
+        f"0, 1 MiB, {reserved_mib} MiB, {free - 1} MiB",
+        f"1, 2049 MiB, {reserved_mib} MiB, {free - 2049} MiB",
+    ]
+    assert simgpu_state.used_mib(state_dir, 0) == reserved_mib + 1
 
 
 def test_pynvml_processes_follow_the_process_lifetime(probe, state_dir, spawn):
