@@ -114,6 +114,7 @@ def _hold(path: str, owner: dict, timeout: float, lease: float, report_fd: int) 
         "owner": owner,
         "token": secrets.token_hex(16),
         "pid": os.getpid(),
+        "pid_start": _start_time(os.getpid()),
         "acquired_at": _iso(now),
         "lease_until": _iso(now + lease),
         "lease_until_epoch": int(now + lease),
@@ -186,18 +187,44 @@ def acquire(path: str, owner: dict, timeout: float, lease: float) -> dict:
     return answer
 
 
-def _signal_holder(path: str, holder: dict) -> bool:
-    pid = int(holder.get("pid") or 0)
-    if pid > 1:
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+def _start_time(pid: int) -> str | None:
+    """When ``pid`` started (clock ticks after boot, from /proc/PID/stat); None when no live process has it (none, or
+    a zombie: a process that has exited and closed its files, the flock's included)."""
     try:
-        return _flock(fd, RELEASE_WAIT)
-    finally:
-        os.close(fd)  # closing drops the probe's own flock again
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
+            stat = handle.read()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()  # the fields after the command name, from field 3 (state) on
+    if len(fields) < 20 or fields[0] in ("Z", "X", "x"):
+        return None
+    return fields[19]  # field 22, starttime
+
+
+def _holder_running(holder: dict) -> bool:
+    """Whether the process the record names still runs (and is that process, where the record says when it started)."""
+    pid = int(holder.get("pid") or 0)
+    if pid <= 1:
+        return False
+    started = _start_time(pid)
+    return started is not None and holder.get("pid_start") in (None, started)
+
+
+def _signal_holder(holder: dict) -> bool:
+    """Tell the holder to let go and wait until it has exited: its exit is what drops the flock. A waiting run takes
+    the lock at once, so the lock itself says nothing about whether this holder let go."""
+    if not _holder_running(holder):
+        return True
+    try:
+        os.kill(int(holder["pid"]), signal.SIGTERM)
+    except ProcessLookupError:
+        return True
+    deadline = time.monotonic() + RELEASE_WAIT
+    while _holder_running(holder):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+    return True
 
 
 def release(path: str, token: str) -> dict:
@@ -205,7 +232,7 @@ def release(path: str, token: str) -> dict:
     holder = read_holder(path)
     if not holder or holder.get("token") != token:
         return {"released": False, "changed": False, "msg": f"{path} is not held with this token"}
-    if not _signal_holder(path, holder):
+    if not _signal_holder(holder):
         raise LockError(
             f"{path} is still held {RELEASE_WAIT:g} s after its holder pid {holder.get('pid')} was told to let go"
         )
@@ -236,8 +263,10 @@ def break_lock(path: str) -> dict:
     holder = read_holder(path)
     if not holder:
         return {"released": False, "changed": False, "msg": f"{path} has no recorded holder"}
-    if not _signal_holder(path, holder):
-        raise LockError(f"{path} is still held after its holder pid {holder.get('pid')} was told to let go")
+    if not _signal_holder(holder):
+        raise LockError(
+            f"{path} is still held {RELEASE_WAIT:g} s after its holder pid {holder.get('pid')} was told to let go"
+        )
     return {"released": True, "changed": True, "broken": holder, "msg": f"broke {path}, held by {describe(holder)}"}
 
 

@@ -17,7 +17,9 @@ description:
     it makes the task fail naming that holder. A run that dies without releasing the lock blocks others until the
     O(lease) ends.
   - O(state=absent) with O(token) releases the lock this run holds (a lock held with another token is left alone);
-    with O(force=true) it breaks the lock, whoever holds it.
+    with O(force=true) it breaks the lock, whoever holds it. Either is done when the holder process has exited (at
+    most 10 s after it is told to let go); a run waiting for the lock takes it at that moment, which is the normal
+    case and not a failure of the release.
 author:
   - llmops.inference contributors (@llmops)
 requirements:
@@ -104,6 +106,11 @@ pid:
   description: The holder process.
   returned: with O(state=present), outside check mode
   type: int
+pid_start:
+  description: When the holder process started (clock ticks after boot), so that a release never signals another
+    process that reused its pid.
+  returned: with O(state=present), outside check mode
+  type: str
 acquired_at:
   description: When the lock was taken (UTC).
   returned: with O(state=present), outside check mode

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -112,3 +116,163 @@ def test_manage_present_raises_busy_naming_the_holder(lock_path):
     host_lock.acquire(lock_path, {"play": "deploy"}, timeout=1, lease=60)
     with pytest.raises(host_lock.LockBusy, match="play=deploy"):
         host_lock.manage(lock_path, "present", timeout=0.2)
+
+
+# Two runs at once, as real processes -----------------------------------------------------------------------------
+
+# One run of the role as the lock sees it: wait for "go" on stdin, take the lock, hold it, release it; print what
+# happened. host_lock is standard library only, so the run loads it from its file, without Ansible.
+RUN = """
+import json, sys, time, importlib.util
+spec = importlib.util.spec_from_file_location("host_lock", sys.argv[1])
+host_lock = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(host_lock)
+path, name, timeout, hold = sys.argv[2], sys.argv[3], float(sys.argv[4]), float(sys.argv[5])
+if len(sys.argv) > 6:
+    host_lock.RELEASE_WAIT = float(sys.argv[6])
+sys.stdin.readline()
+answer = {"name": name, "took": False, "released": None, "busy": None, "error": None}
+try:
+    record = host_lock.acquire(path, {"run": name}, timeout=timeout, lease=60)
+    answer["took"] = True
+    answer["owner_seen"] = host_lock.read_holder(path).get("owner")
+    time.sleep(hold)
+    answer["releasing"] = time.monotonic()
+    answer["released"] = host_lock.release(path, record["token"])["released"]
+except host_lock.LockBusy as exc:
+    answer["busy"] = str(exc)
+except host_lock.LockError as exc:
+    answer["error"] = str(exc)
+answer["done"] = time.monotonic()
+print(json.dumps(answer), flush=True)
+"""
+
+
+def start_run(lock_path, name, timeout, hold, *release_wait):
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            RUN,
+            host_lock.__file__,
+            lock_path,
+            name,
+            str(timeout),
+            str(hold),
+            *map(str, release_wait),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def race(lock_path, runs, gap=0.02):
+    """Start the runs ``(name, timeout, hold[, release_wait])`` together, ``gap`` s apart; their answers by name."""
+    procs = [start_run(lock_path, *run) for run in runs]
+    for proc in procs:
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        time.sleep(gap)
+    answers = {}
+    for proc in procs:
+        out, _ = proc.communicate(timeout=60)
+        answer = json.loads(out)
+        answers[answer["name"]] = answer
+    return answers
+
+
+@pytest.mark.parametrize("order", [("one", "two"), ("two", "one")])
+def test_two_runs_started_together_both_take_the_lock_and_both_release_it(lock_path, order):
+    for _ in range(10):
+        answers = race(lock_path, [(name, 10, 0.3) for name in order])
+        for name, answer in answers.items():
+            assert answer["error"] is None and answer["busy"] is None, answer
+            assert answer["took"] is True and answer["released"] is True, answer
+            assert answer["owner_seen"] == {"run": name}
+        # The waiter takes the lock the moment the first holder exits: the first release must not wait for it.
+        first, second = sorted(answers.values(), key=lambda answer: answer["releasing"])
+        assert first["done"] < second["releasing"], (first, second)
+        assert host_lock.status(lock_path)["held"] is False
+
+
+@pytest.mark.parametrize("order", [("one", "two"), ("two", "one")])
+def test_a_release_succeeds_while_the_next_run_holds_the_lock_longer_than_the_release_waits(lock_path, order):
+    answers = race(lock_path, [(name, 10, 1.0, 0.5) for name in order])
+    for answer in answers.values():
+        assert answer["error"] is None and answer["took"] is True and answer["released"] is True, answer
+
+
+@pytest.mark.parametrize("order", [("patient", "impatient"), ("impatient", "patient")])
+def test_a_waiter_that_gives_up_says_so_and_the_holder_still_releases(lock_path, order):
+    timeouts = {"patient": 10, "impatient": 0.1}
+    for _ in range(10):
+        answers = race(lock_path, [(name, timeouts[name], 0.3) for name in order], gap=0.05)
+        assert answers["patient"]["took"] is True, answers
+        for answer in answers.values():
+            assert answer["error"] is None, answer
+            if answer["took"]:
+                assert answer["released"] is True, answer
+            else:
+                assert answer["name"] == "impatient", answer
+                assert "is held by run=patient" in answer["busy"] and "gave up after waiting" in answer["busy"]
+        assert host_lock.status(lock_path)["held"] is False
+
+
+def test_break_with_a_run_waiting_frees_the_lock_for_that_run(lock_path):
+    host_lock.acquire(lock_path, {"play": "stuck"}, timeout=1, lease=60)
+    waiter = start_run(lock_path, "waiter", 10, 0)
+    waiter.stdin.write("go\n")
+    waiter.stdin.flush()
+    time.sleep(0.3)  # queued behind the stuck holder
+
+    answer = host_lock.break_lock(lock_path)
+
+    assert answer["changed"] is True and answer["broken"]["owner"] == {"play": "stuck"}
+    out, _ = waiter.communicate(timeout=30)
+    answer = json.loads(out)
+    assert (answer["took"], answer["released"], answer["error"]) == (True, True, None), answer
+    assert answer["owner_seen"] == {"run": "waiter"}
+
+
+def write_record(lock_path, **record):
+    os.makedirs(os.path.dirname(lock_path), exist_ok=True)
+    with open(lock_path, "w", encoding="utf-8") as handle:
+        json.dump(record, handle)
+
+
+@pytest.fixture
+def stubborn():
+    """A process that ignores SIGTERM (a holder that does not let go)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"]
+    )
+    time.sleep(0.3)
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def test_a_holder_that_does_not_exit_fails_the_release_naming_it(lock_path, stubborn, monkeypatch):
+    monkeypatch.setattr(host_lock, "RELEASE_WAIT", 0.3)
+    write_record(lock_path, token="t", pid=stubborn.pid)
+
+    with pytest.raises(host_lock.LockError, match=rf"is still held 0.3 s after its holder pid {stubborn.pid} was told"):
+        host_lock.release(lock_path, "t")
+    os.unlink(lock_path)
+
+
+def test_a_record_whose_pid_now_names_another_process_signals_nobody(lock_path, stubborn):
+    # The holder was killed and its pid reused: the record's start time no longer matches the process.
+    write_record(lock_path, token="t", pid=stubborn.pid, pid_start="1")
+
+    assert host_lock.release(lock_path, "t")["released"] is True
+    assert stubborn.poll() is None
+    os.unlink(lock_path)
+
+
+def test_the_record_names_when_its_holder_started(lock_path):
+    record = host_lock.acquire(lock_path, {}, timeout=1, lease=60)
+    with open(f"/proc/{record['pid']}/stat", encoding="ascii") as handle:
+        started = handle.read().rsplit(")", 1)[1].split()[19]
+    assert record["pid_start"] == started == host_lock.read_holder(lock_path)["pid_start"]
