@@ -15,13 +15,15 @@ DEMO_LAB    ?= demo
 DEMO_HOSTS  ?= 3
 BENCH_LAB   ?= bench
 E2E_WORKERS ?= 3
+E2E_ARGS    ?=
+UNIT_WORKERS ?= 2
 MOLECULE_WORKERS ?= 2
 
 export ANSIBLE_COLLECTIONS_PATH := $(COLLECTIONS)
 export PATH := $(BIN):$(PATH)
 
 .PHONY: help deps venv collection-link lint ruff ansible-lint sanity units e2e molecule test demo demo-down \
-        lab-up lab-down lab-image bench docs build clean
+        lab-wheels lab-up lab-down lab-image bench docs build clean
 
 help: ## List the targets
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -63,15 +65,20 @@ sanity: venv ## ansible-test sanity from an ansible_collections/llmops/inference
 	$(PYTHON) tests/sanity/bootstrap_pip.py
 	cd $(SANITY_TREE) && $(BIN)/ansible-test sanity --color no --python 3.11 --requirements
 
-units: venv collection-link ## Unit tests (plugins, the lab's parts, the performance page's generator)
-	$(PYTHON) -m pytest -q tests/unit tests/lab/tests tests/bench/tests -m 'not lab'
+lab-wheels: venv ## Download the pinned sglang and nvidia-ml-py wheels into the lab's cache (the units read the real wheel)
+	PYTHONPATH=tests/lab $(PYTHON) -c 'from labctl.image import ensure_wheels; ensure_wheels()'
+
+units: venv collection-link lab-wheels ## Unit tests (plugins, the lab's parts, the performance page's generator), UNIT_WORKERS side by side
+	$(PYTHON) -m pytest -q -p no:cacheprovider -n $(UNIT_WORKERS) tests/unit tests/lab/tests tests/bench/tests -m 'not lab'
 
 e2e: deps venv collection-link ## End-to-end tests on lab hosts (root); E2E_WORKERS labs side by side
-	# One rerun absorbs a rare hiccup of lab hosts that share a busy machine (a timing test that loses its
-	# race); a real failure fails twice and is reported with both runs. Each worker boots a lab of its own and
-	# takes whole files (their tests share module fixtures). Much of a lab test's time is waits on hosts: on a
-	# 2-core machine two labs kept the CPUs 60 % busy, three 76 % (the suite 22 and 18 minutes).
-	$(PYTHON) -m pytest -q -p no:cacheprovider --reruns 1 --durations 15 -n $(E2E_WORKERS) --dist loadfile \
+	# No reruns: a test that fails, fails the part (-ra in pyproject.toml names it, and any rerun). Each worker
+	# boots one lab of its own with 4 GPUs per host (what the GPU-placement tests need, so no extra lab boots) and
+	# takes whole files (their tests share module fixtures), heaviest first: tests/e2e/conftest.py orders files by
+	# tests/e2e/durations.json and --no-loadscope-reorder keeps that order (xdist would otherwise order files by
+	# their number of tests). Record new durations with: make e2e E2E_ARGS=--record-durations (tests/README.md).
+	LLMOPS_LAB_GPUS=4 $(PYTHON) -m pytest -q -p no:cacheprovider --durations 15 \
+	  -n $(E2E_WORKERS) --dist loadfile --no-loadscope-reorder $(E2E_ARGS) \
 	  tests/e2e tests/lab/tests -m 'lab and not bench'
 
 molecule: deps venv collection-link ## Molecule scenarios on lab hosts (root); MOLECULE_WORKERS side by side
@@ -80,16 +87,16 @@ molecule: deps venv collection-link ## Molecule scenarios on lab hosts (root); M
 
 TEST_PARTS := lint sanity units docs ee e2e molecule
 
-test: deps venv ## Everything CI runs, part by part, with each part's duration at the end
+test: deps venv ## Everything CI runs, every part even after one failed; each part's result and duration at the end
 	@summary=""; status=0; \
 	for part in $(TEST_PARTS); do \
 	  start=$$(date +%s); rc=0; \
 	  $(MAKE) --no-print-directory -f $(firstword $(MAKEFILE_LIST)) $$part || rc=$$?; \
-	  note=""; [ $$rc = 0 ] || { note="  FAILED (exit $$rc)"; status=$$rc; }; \
-	  summary="$$summary$$(printf '  %-10s %5d s%s' $$part $$(( $$(date +%s) - start )) "$$note")\n"; \
-	  [ $$rc = 0 ] || break; \
+	  if [ $$rc = 0 ]; then result=passed; else result="FAILED (exit $$rc)"; status=1; fi; \
+	  summary="$$summary$$(printf '  %-10s %5d s  %s' $$part $$(( $$(date +%s) - start )) "$$result")\n"; \
 	done; \
-	printf 'make test, duration of each part:\n%b' "$$summary"; exit $$status
+	printf 'make test, each part:\n%b' "$$summary"; \
+	[ $$status = 0 ] && echo 'make test: passed' || echo 'make test: FAILED'; exit $$status
 
 lab-image: deps venv ## Build (or reuse) the cached lab rootfs
 	$(LAB) image
@@ -121,6 +128,13 @@ bench: deps venv collection-link ## Benchmarks on a 12-host lab (3 runs, about 3
 
 build: venv ## Build the collection tarball
 	$(BIN)/ansible-galaxy collection build --force
+
+.PHONY: gpu-check
+gpu-check: ## GPU conformance kit on this host's real GPUs (docs/gpu_conformance.md): JSON + summary under build/gpu-check/
+	@out=$${GPU_CHECK_OUT:-$(CURDIR)/build/gpu-check/$$(date -u +%Y%m%dT%H%M%SZ)}; \
+	python=python3; [ ! -x $(PYTHON) ] || python=$(PYTHON); \
+	echo "gpu-check: results go to $$out"; \
+	$$python tests/gpu/gpu_kit.py --out "$$out"
 
 clean: ## Remove build outputs (not the venv or the lab cache)
 	rm -rf build tests/output llmops-inference-*.tar.gz

@@ -1,13 +1,21 @@
 """Fixtures for end-to-end tests on lab hosts (real systemd, real sshd, simulated GPUs and engine).
 
 One lab is booted per test session and shared; ``lab.reset()`` puts every host back to a
-blank state between tests. ``LLMOPS_LAB_NAME`` picks the lab instance (default ``e2e``), so
+blank state, ``lab.reset_used()`` only the hosts used since their last reset (what ``clean_lab`` does
+before and after each test). ``LLMOPS_LAB_NAME`` picks the lab instance (default ``e2e``), so
 several sessions on one machine do not collide; under pytest-xdist each worker boots a lab of its
 own, the name with the worker's letter (``e2ea``, ``e2eb``, ...).
+
+Test files run heaviest first: the collected items are ordered by their file's duration in
+``durations.json`` (seconds per file, measured; a file not listed counts as DEFAULT_FILE_SECONDS).
+Under ``--dist loadfile --no-loadscope-reorder`` xdist hands out whole files in that order, so the
+longest files start first instead of last. ``--record-durations`` writes the durations this run
+measured back into ``durations.json``.
 """
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import json
 import os
@@ -22,6 +30,8 @@ REPO = Path(__file__).resolve().parents[2]
 LAB_CLI = REPO / "tests" / "lab" / "lab"
 COLLECTIONS_PATH = REPO / "build" / "collections"
 TEST_UNIT_PREFIX = "t-"
+DURATIONS = Path(__file__).resolve().parent / "durations.json"
+DEFAULT_FILE_SECONDS = 120
 
 RESET_SCRIPT = f"""
 set +e
@@ -60,6 +70,13 @@ class Lab:
         self.name = name
         self.inventory = inventory
         self.hosts = hosts
+        # Hosts that a command, a module or a playbook reached since their last reset: what reset_used() resets.
+        self.used: set[str] = set()
+
+    def _use(self, pattern: str | None) -> None:
+        """Note the hosts a command reaches: a host of the lab by name, else (a group, a pattern) all of them."""
+        names = [part for part in str(pattern or "").replace(",", ":").split(":") if part]
+        self.used.update(names if names and all(name in self.hosts for name in names) else self.hosts)
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -78,6 +95,10 @@ class Lab:
 
     def exec(self, host: str, command: str, check: bool = False, timeout: float = 120) -> subprocess.CompletedProcess:
         """Run a shell command inside a lab host (no SSH; for setting up and inspecting)."""
+        self._use(host)
+        return self._exec(host, command, check, timeout)
+
+    def _exec(self, host: str, command: str, check: bool = False, timeout: float = 120) -> subprocess.CompletedProcess:
         return subprocess.run(
             [str(LAB_CLI), "exec", "--name", self.name, host, "--", "bash", "-c", command],
             capture_output=True,
@@ -100,6 +121,7 @@ class Lab:
 
         ``extra_vars`` (e.g. ``{"ansible_python_interpreter": "/opt/sglang/venv/bin/python"}``) go to ``-e``.
         """
+        self._use(host)
         cmd = ["ansible", host, "-i", str(self.inventory), "-m", module, "-a", json.dumps(args), "-o"]
         if extra_vars:
             cmd += ["-e", json.dumps(extra_vars)]
@@ -122,6 +144,8 @@ class Lab:
         verbosity: int = 0,
     ) -> subprocess.CompletedProcess:
         """Run a playbook against the lab's inventory, with ``inventories`` (paths) layered over it."""
+        # The plays of tests/e2e/playbooks run on svc_test_host; any other playbook may reach every host.
+        self._use(limit or (extra_vars or {}).get("svc_test_host"))
         cmd = ["ansible-playbook", "-i", str(self.inventory)]
         if verbosity:
             cmd.append("-" + "v" * verbosity)
@@ -138,15 +162,23 @@ class Lab:
             cmd += ["--limit", limit]
         return subprocess.run(cmd, capture_output=True, text=True, env=self.env(), timeout=timeout, check=False)
 
-    def reset(self) -> None:
-        """Every host back to blank, the hosts side by side (each waits mostly on its own systemd)."""
-        with concurrent.futures.ThreadPoolExecutor(len(self.hosts) or 1) as pool:
-            list(pool.map(self._reset_host, self.hosts))
+    def reset(self, hosts: list[str] | None = None) -> None:
+        """Every host (or ``hosts``) back to blank, side by side (each waits mostly on its own systemd)."""
+        hosts = list(self.hosts if hosts is None else hosts)
+        if not hosts:
+            return
+        with concurrent.futures.ThreadPoolExecutor(len(hosts)) as pool:
+            list(pool.map(self._reset_host, hosts))
+
+    def reset_used(self) -> None:
+        """Back to blank the hosts used since their last reset; the others are blank already."""
+        self.reset([host for host in self.hosts if host in self.used])
 
     def _reset_host(self, host: str) -> None:
         for script in (RESET_SCRIPT, PRISTINE_SCRIPT):
-            proc = self.exec(host, script)
+            proc = self._exec(host, script)
             assert proc.returncode == 0, f"resetting {host} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+        self.used.discard(host)
 
 
 def parse_oneline(stdout: str, stderr: str, rc: int) -> dict:
@@ -225,7 +257,63 @@ def boot_lab(name: str, hosts: int, gpus: int):
 
 @pytest.fixture
 def clean_lab(lab):
-    """The shared lab, reset before and after the test."""
-    lab.reset()
+    """The shared lab with every host blank; after the test, the hosts it used are reset."""
+    lab.reset_used()
     yield lab
-    lab.reset()
+    lab.reset_used()
+
+
+# -- heaviest files first, from durations.json --------------------------------------------------------------
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--record-durations",
+        action="store_true",
+        default=False,
+        help=f"write each test file's measured duration (setup, call and teardown) into {DURATIONS.name}",
+    )
+
+
+def file_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+def load_durations(path: Path = DURATIONS) -> dict[str, float]:
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def heaviest_files_first(nodeids: list[str], durations: dict[str, float]) -> list[str]:
+    """``nodeids`` with whole files ordered by their duration, longest first; a file keeps its tests' order."""
+    first_seen = {}
+    for index, nodeid in enumerate(nodeids):
+        first_seen.setdefault(file_of(nodeid), index)
+
+    def weight(nodeid: str) -> tuple:
+        name = file_of(nodeid)
+        return (-durations.get(name, DEFAULT_FILE_SECONDS), first_seen[name])
+
+    return sorted(nodeids, key=weight)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    order = {
+        nodeid: index for index, nodeid in enumerate(heaviest_files_first([i.nodeid for i in items], load_durations()))
+    }
+    items.sort(key=lambda item: order[item.nodeid])
+
+
+_measured: collections.Counter = collections.Counter()
+
+
+def pytest_runtest_logreport(report):
+    _measured[file_of(report.nodeid)] += report.duration
+
+
+def pytest_sessionfinish(session, exitstatus):
+    config = session.config
+    if not config.getoption("record_durations", False) or hasattr(config, "workerinput"):
+        return  # under xdist the controller, which gets every worker's reports, writes the file
+    durations = load_durations()
+    durations.update({name: round(seconds) for name, seconds in _measured.items()})
+    DURATIONS.write_text(json.dumps(dict(sorted(durations.items())), indent=2) + "\n")

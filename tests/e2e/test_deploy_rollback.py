@@ -46,7 +46,7 @@ EAGLE_LAB = {"sglang_patch_set_name": "eagle_lab", "sglang_patch_files": [str(EX
 
 @pytest.fixture(scope="module")
 def fleet(lab):
-    lab.reset()
+    lab.reset_used()
     yield lab
     for host in lab.hosts:
         lab.module(host, "llmops.inference.source_patch", PRISTINE)
@@ -182,15 +182,17 @@ def test_a_bad_patch_set_rolls_its_host_back_and_stops_the_rollout(fleet, tmp_pa
 def test_a_host_lost_mid_deploy_converges_on_the_next_run(fleet, tmp_path):
     # Two hosts in one batch: the rollout goes on with the other one and then stops.
     lost = fleet.hosts[1]
+    # A seed of its own: the deploy changes the hosts on every attempt, also when the test runs again.
+    seed = str(time.time_ns() % 1_000_000_007)
     change = {
-        "sglang_service_environment": {**LAB_ENVIRONMENT, "SGLANG_SIM_SEED": "7"},
+        "sglang_service_environment": {**LAB_ENVIRONMENT, "SGLANG_SIM_SEED": seed},
         "deploy_hosts": ",".join(fleet.hosts[:2]),
         "deploy_batch": "100%",
     }
     join = in_background(run, fleet, DEPLOY, tmp_path, "lost", change)
     try:
         # Cut the host off once this run has started changing it (the environment file is written under the lock).
-        wait_until(lambda: "SGLANG_SIM_SEED=" in fleet.exec(lost, f"cat {ENV_FILE}").stdout, 300, "the change")
+        wait_until(lambda: f'SGLANG_SIM_SEED="{seed}"' in fleet.exec(lost, f"cat {ENV_FILE}").stdout, 300, "the change")
         fleet.exec(lost, "ip link set host0 down", check=True)
     finally:
         proc, records = join()
@@ -203,14 +205,20 @@ def test_a_host_lost_mid_deploy_converges_on_the_next_run(fleet, tmp_path):
     proc, records = run(fleet, DEPLOY, tmp_path, "converged", change)
     assert proc.returncode == 0, output(proc)
     assert all(record["gate"]["healthy"] for record in records.values()), records
-    assert 'SGLANG_SIM_SEED="7"' in fleet.exec(lost, f"cat {ENV_FILE}").stdout
+    assert f'SGLANG_SIM_SEED="{seed}"' in fleet.exec(lost, f"cat {ENV_FILE}").stdout
     assert all(serves(fleet, host)["healthy"] for host in fleet.hosts[:2])
 
 
 def test_a_second_deploy_on_a_locked_host_fails_clearly_and_changes_nothing(fleet, tmp_path):
     host = fleet.hosts[0]
     # A longer load keeps the first run's restart chain, and so the host lock, busy for a while.
-    slow = {"sglang_service_environment": {**LAB_ENVIRONMENT, "SGLANG_SIM_LOAD_TIME": "15"}, "deploy_hosts": host}
+    # A seed of its own, so that the first run changes the host (and takes its lock) on every attempt.
+    environment = {
+        **LAB_ENVIRONMENT,
+        "SGLANG_SIM_LOAD_TIME": "15",
+        "SGLANG_SIM_SEED": str(time.time_ns() % 1_000_000_007),
+    }
+    slow = {"sglang_service_environment": environment, "deploy_hosts": host}
     first = in_background(run, fleet, DEPLOY, tmp_path, "first_run", slow)
     try:
         wait_until(lambda: '"owner"' in fleet.exec(host, f"cat {LOCK_FILE}").stdout, 300, "the first run's lock")

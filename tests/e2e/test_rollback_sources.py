@@ -5,7 +5,8 @@ files and to A's sources byte for byte (checked against the checksums A's snapsh
 gate. Rolling back again toggles to B (the contract in docs/fleet_scale.md). Sources reinstalled from the wheel
 behind the collection's back come back with `rollback_snapshot=current`. A snapshot whose stored content is
 missing or damaged is refused before any host changes, naming what is missing. The tests run in order and share
-the fleet's state.
+the fleet's state. Every snapshot checked is the one the playbooks' restart chains saved: the tests never save one
+themselves, so a chain that stopped recording the sources fails them.
 """
 
 from __future__ import annotations
@@ -13,13 +14,11 @@ from __future__ import annotations
 import pytest
 from labutil import (
     DEPLOY,
-    FLEET_ENV_FILE,
     FLEET_KNOWN_GOOD,
     FLEET_UNIT_FILE,
     FORCE_REINSTALL,
     REPO,
     ROLLBACK,
-    VENV_PYTHON,
     known_good,
     main_pid,
     outcomes,
@@ -57,29 +56,9 @@ SITE = "/opt/sglang/venv/lib/python3.11/site-packages"
 
 @pytest.fixture(scope="module")
 def fleet(lab):
-    lab.reset()
+    lab.reset_used()
     yield lab
     lab.reset()
-
-
-def record_sources(lab) -> None:
-    """Make sure every host's current snapshot holds its sources (a snapshot saved by a restart chain that does
-    not record them yet gains them in place; one that does is only verified again)."""
-    for host in lab.hosts:
-        current = known_good(lab, host)["current"]
-        answer = lab.module(
-            host,
-            "llmops.inference.known_good",
-            {
-                "root": FLEET_KNOWN_GOOD,
-                "state": "saved",
-                "files": {"unit": FLEET_UNIT_FILE, "environment": FLEET_ENV_FILE},
-                "dropin_dir": f"{FLEET_UNIT_FILE}.d",
-                "meta": {"patch_state_id": current["patch_state_id"]},
-                "python": VENV_PYTHON,
-            },
-        )
-        assert answer["_status"] in ("SUCCESS", "CHANGED") and answer["rotated"] is False, answer
 
 
 def sources_now(lab, host, paths) -> dict:
@@ -110,7 +89,6 @@ def state_of(lab) -> dict:
 def test_deploy_a_then_b_then_rollback_returns_to_a_byte_for_byte(fleet, tmp_path):
     proc, records = run(fleet, DEPLOY, tmp_path, "deploy_a", DEPLOY_A)
     assert proc.returncode == 0 and outcomes(records) == dict.fromkeys(fleet.hosts, "deployed"), output(proc)
-    record_sources(fleet)
     a = state_of(fleet)
     for host in fleet.hosts:
         assert set(a[host]["kg"]["current"]["sources"]["files"]) == {SPEC_INFO}
@@ -118,7 +96,6 @@ def test_deploy_a_then_b_then_rollback_returns_to_a_byte_for_byte(fleet, tmp_pat
 
     proc, records = run(fleet, DEPLOY, tmp_path, "deploy_b", DEPLOY_B)
     assert proc.returncode == 0 and outcomes(records) == dict.fromkeys(fleet.hosts, "deployed"), output(proc)
-    record_sources(fleet)
     b = state_of(fleet)
     for host in fleet.hosts:
         assert set(b[host]["kg"]["current"]["sources"]["files"]) == {SPEC_REGISTRY, NOTE}
@@ -139,7 +116,6 @@ def test_deploy_a_then_b_then_rollback_returns_to_a_byte_for_byte(fleet, tmp_pat
 
 def test_rollback_again_toggles_back_to_b(fleet, tmp_path):
     # The rollback's gate passed, so A's state is current now and B's, which it replaced, previous.
-    record_sources(fleet)
     now = state_of(fleet)
     for host in fleet.hosts:
         assert set(now[host]["kg"]["current"]["sources"]["files"]) == {SPEC_INFO}
@@ -162,7 +138,6 @@ def test_rollback_again_toggles_back_to_b(fleet, tmp_path):
 
 
 def test_sources_reinstalled_from_the_wheel_come_back_with_the_current_snapshot(fleet, tmp_path):
-    record_sources(fleet)
     current = {host: known_good(fleet, host)["current"] for host in fleet.hosts}
     for host in fleet.hosts:
         assert set(current[host]["sources"]["files"]) == {SPEC_REGISTRY, NOTE}
@@ -180,7 +155,6 @@ def test_sources_reinstalled_from_the_wheel_come_back_with_the_current_snapshot(
 
 @pytest.mark.parametrize("damage", ["missing", "damaged"])
 def test_a_snapshot_whose_stored_content_is_gone_is_refused_before_any_host_changes(fleet, tmp_path, damage):
-    record_sources(fleet)
     host = fleet.hosts[0]
     previous = known_good(fleet, host)["previous"]
     content = previous["sources"]["files"][SPEC_INFO]["sha256"]

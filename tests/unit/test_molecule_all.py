@@ -26,7 +26,7 @@ def fake_molecule(tmp_path: Path, failing: str = "") -> str:
 
 def test_the_scenarios_are_the_directories_with_a_molecule_yml():
     names = molecule_all.scenarios()
-    assert {"sglang_service", "sglang_service_failures", "sglang_patch", "sglang_gateway", "smoke"} <= set(names)
+    assert {"sglang_service", "sglang_service_failures", "sglang_patch", "sglang_gateway"} <= set(names)
     assert "shared" not in names
 
 
@@ -45,11 +45,19 @@ def test_every_scenario_runs_and_each_output_and_duration_is_shown(tmp_path):
 def test_one_failed_scenario_fails_the_run_after_the_others_ran(tmp_path):
     out = io.StringIO()
     code = molecule_all.main(
-        ["--workers", "1", "--molecule", fake_molecule(tmp_path, failing="smoke"), "smoke", "sglang_patch"], out=out
+        [
+            "--workers",
+            "1",
+            "--molecule",
+            fake_molecule(tmp_path, failing="sglang_gateway"),
+            "sglang_gateway",
+            "sglang_patch",
+        ],
+        out=out,
     )
     assert code == 1
     assert len((tmp_path / "calls").read_text().splitlines()) == 2
-    assert "smoke: FAILED (exit 3)" in out.getvalue()
+    assert "sglang_gateway: FAILED (exit 3)" in out.getvalue()
 
 
 @pytest.mark.parametrize(

@@ -11,6 +11,7 @@ import base64
 import csv
 import hashlib
 import io
+import os
 import shutil
 import subprocess
 import sys
@@ -25,7 +26,8 @@ from ansible_collections.llmops.inference.plugins.module_utils.source_backup imp
 from ansible_collections.llmops.inference.plugins.module_utils.source_patcher import PatchSetInput, SourcePatcher
 from ansible_collections.llmops.inference.plugins.module_utils.source_tree import SourceTree
 
-WHEEL_DIR = Path("/var/cache/llmops-lab/wheels")
+# Where `make lab-wheels` (the lab image step) puts the wheel: tests/lab/labctl/image.py WHEEL_DIR.
+WHEEL_DIR = Path(os.environ.get("LLMOPS_LAB_CACHE", "/var/cache/llmops-lab")) / "wheels"
 WHEEL_VERSION = "0.5.23"
 SPEC_INFO = "sglang/srt/speculative/spec_info.py"
 
