@@ -50,7 +50,6 @@ from ansible_collections.llmops.inference.plugins.module_utils.sglang import (
 )
 
 PROMPT_SETS = ("builtin", "random")
-LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e_latency")
 ERRORS_SHOWN = 5
 SUMMED_METRICS = (
     "completed",

@@ -15,12 +15,18 @@ Private to the llmops.inference collection; not a public API. Two HTTP dialects,
 
 Replicas do not share a registry, so every change is made on each of them. Every gateway is read first; a
 gateway that cannot be used, a refused removal or bad input stops the operation before any gateway changes.
+With ``unreachable=WARN`` a replica that cannot be reached (no connection, no answer in time) is left aside
+instead, and the operation goes on with the others; with ``best_effort`` (an add) every replica that can be used
+gets the worker, whatever the others answer. A replica that stops answering after it accepted a removal routes
+nothing to the worker any more and is left aside too. Each one left aside is a view whose ``error`` says why
+(:attr:`MembershipResult.skipped`); the caller decides whether that fails it.
 The restart chain uses :class:`GatewaySet` directly::
 
     gateways = GatewaySet(urls, api_key=key, timeout=10)
     gateways.remove(worker_url, min_healthy=1)   # refuse, or remove from every replica and wait until gone
     gateways.remove(worker_url, until=OUT_OF_ROTATION)  # ... and wait only until no replica routes to it
     gateways.add(worker_url)                     # add where missing and wait until every replica says healthy
+    gateways.add(worker_url, best_effort=True)   # ... on every replica that can be used; result.skipped: the rest
 """
 
 from __future__ import annotations
@@ -50,14 +56,23 @@ DRAINING = "draining"
 # and drops it about 5 s later; a caller that waits for the engine's own in-flight requests needs only the first.
 GONE = "gone"
 OUT_OF_ROTATION = "out of rotation"
+# What to do about a replica that cannot be reached: stop (before any change, or fail afterwards), or go on with the
+# others and warn.
+UNREACHABLE_FAIL = "fail"
+UNREACHABLE_WARN = "warn"
+UNREACHABLE_CHOICES = (UNREACHABLE_FAIL, UNREACHABLE_WARN)
 
 
 class GatewayError(Exception):
-    """One gateway cannot be used or did not do what was asked; ``str()`` starts with ``gateway <url>:``."""
+    """One gateway cannot be used or did not do what was asked; ``str()`` starts with ``gateway <url>:``.
 
-    def __init__(self, gateway: str, problem: str):
+    ``unreachable``: no connection or no answer in time (as opposed to an answer that refuses or makes no sense).
+    """
+
+    def __init__(self, gateway: str, problem: str, unreachable: bool = False):
         self.gateway = gateway
         self.problem = problem
+        self.unreachable = unreachable
         super().__init__(f"gateway {gateway}: {problem}")
 
 
@@ -245,9 +260,11 @@ class GatewayClient:
             return Answer(exc.code, body)
         except Exception as exc:
             if _is_timeout(exc):
-                raise GatewayError(self.url, f"no answer to {method} {path} within {timeout:g} s") from None
+                raise GatewayError(
+                    self.url, f"no answer to {method} {path} within {timeout:g} s", unreachable=True
+                ) from None
             reason = exc.reason if isinstance(exc, URLError) else exc
-            raise GatewayError(self.url, f"cannot reach it ({method} {path}: {reason})") from None
+            raise GatewayError(self.url, f"cannot reach it ({method} {path}: {reason})", unreachable=True) from None
 
     def _refuse_auth(self, answer: Answer, what: str) -> None:
         if answer.status == 401:
@@ -373,13 +390,27 @@ class GatewayView:
         self.changed = False
         self.job_id = None
         self.problem = None
+        # The GatewayError that left this gateway aside (read: before any change; else after), or None.
+        self.error = None
+
+    @classmethod
+    def aside(cls, client: GatewayClient, worker_url: str, error: GatewayError) -> GatewayView:
+        """A gateway left aside at the read: nothing is known of its workers."""
+        view = cls(client, None, worker_url)
+        view.error = error
+        view.action = "unreachable" if error.unreachable else "cannot be used"
+        return view
 
     @property
     def url(self) -> str:
         return self.client.url
 
+    @property
+    def usable(self) -> bool:
+        return self.error is None
+
     def find(self, workers=None):
-        for worker in self.after if workers is None else workers:
+        for worker in (self.after if workers is None else workers) or []:
             if same_worker(worker.url, self.worker_url):
                 return worker
         return None
@@ -403,7 +434,8 @@ class GatewayView:
             "model": mine.model if mine else None,
             "worker_id": mine.id if mine else self.job_id,
             "waiting_for": self.problem,
-            "workers": [worker.to_dict() for worker in self.after],
+            "problem": str(self.error) if self.error else None,
+            "workers": [worker.to_dict() for worker in self.after or []],
         }
 
 
@@ -422,10 +454,16 @@ class MembershipResult:
         return any(view.changed for view in self.views)
 
     @property
+    def skipped(self) -> list:
+        """The views of the gateways left aside (each with its ``error``)."""
+        return [view for view in self.views if view.error is not None]
+
+    @property
     def diff(self) -> dict:
+        known = [view for view in self.views if view.before is not None]
         return {
-            "before": {view.url: sorted(worker.url for worker in view.before) for view in self.views},
-            "after": {view.url: sorted(worker.url for worker in view.after) for view in self.views},
+            "before": {view.url: sorted(worker.url for worker in view.before) for view in known},
+            "after": {view.url: sorted(worker.url for worker in view.after or []) for view in known},
         }
 
     def to_dict(self) -> dict:
@@ -476,8 +514,8 @@ class GatewaySet:
     def urls(self) -> list:
         return [client.url for client in self.clients]
 
-    def check(self) -> dict:
-        """Read every gateway: ``{url: [Worker, ...]}``. Raises GatewaysUnavailable naming each that failed."""
+    def read(self) -> tuple:
+        """Read every gateway: ``({url: [Worker, ...]}, [GatewayError of each that could not be read])``."""
         listings = {}
         errors = []
         for client in self.clients:
@@ -486,13 +524,34 @@ class GatewaySet:
                 listings[client.url] = client.workers()
             except GatewayError as exc:
                 errors.append(exc)
+        return listings, errors
+
+    def check(self) -> dict:
+        """Read every gateway: ``{url: [Worker, ...]}``. Raises GatewaysUnavailable naming each that failed."""
+        listings, errors = self.read()
         if errors:
             raise GatewaysUnavailable(errors, len(self.clients))
         return listings
 
-    def _views(self, worker_url: str) -> list:
-        listings = self.check()
-        return [GatewayView(client, listings[client.url], worker_url) for client in self.clients]
+    def _views(self, worker_url: str, set_aside=None) -> list:
+        """A view of every gateway; one that cannot be read is set aside when ``set_aside(error)`` says so, else
+        GatewaysUnavailable (naming every one that cannot be used) stops the operation before any change."""
+        listings, errors = self.read()
+        refused = [error for error in errors if not (set_aside and set_aside(error))]
+        if refused:
+            raise GatewaysUnavailable(errors, len(self.clients))
+        failed = {error.gateway: error for error in errors}
+        return [
+            GatewayView.aside(client, worker_url, failed[client.url])
+            if client.url in failed
+            else GatewayView(client, listings[client.url], worker_url)
+            for client in self.clients
+        ]
+
+    @staticmethod
+    def _check_unreachable(unreachable: str) -> None:
+        if unreachable not in UNREACHABLE_CHOICES:
+            raise ValueError(f"unreachable must be {' or '.join(map(repr, UNREACHABLE_CHOICES))}, got {unreachable!r}")
 
     def _warnings(self, views: list) -> list:
         warnings = []
@@ -509,15 +568,34 @@ class GatewaySet:
             )
         return warnings
 
-    def add(self, worker_url: str, *, wait: bool = True, check_mode: bool = False) -> MembershipResult:
-        """Add the worker to every gateway that does not list it; with ``wait``, until every one says healthy."""
+    def add(
+        self,
+        worker_url: str,
+        *,
+        wait: bool = True,
+        check_mode: bool = False,
+        unreachable: str = UNREACHABLE_FAIL,
+        best_effort: bool = False,
+    ) -> MembershipResult:
+        """Add the worker to every gateway that does not list it; with ``wait``, until every one says healthy.
+
+        A gateway that cannot be reached is set aside with ``unreachable=WARN``, and one that cannot be used for any
+        reason with ``best_effort`` (the others still get the worker); otherwise it stops the add (before any change
+        when the read finds it). Those set aside are the result's ``skipped``.
+        """
         worker_url = normalize_url(worker_url, "worker_url")
-        views = self._views(worker_url)
+        self._check_unreachable(unreachable)
+
+        def tolerated(error: GatewayError) -> bool:
+            return best_effort or (unreachable == UNREACHABLE_WARN and error.unreachable)
+
+        views = self._views(worker_url, tolerated)
         result = MembershipResult(worker_url, "present", views, check_mode, self._warnings(views))
-        missing = [view for view in views if view.find() is None]
+        usable = [view for view in views if view.usable]
+        missing = [view for view in usable if view.find() is None]
         # A removal still in progress (the worker left with until=OUT_OF_ROTATION): the gateway takes the URL
         # again once its old entry is gone.
-        leaving = [view for view in views if view.draining]
+        leaving = [view for view in usable if view.draining]
         if check_mode:
             for view in missing + leaving:
                 view.action = "would add"
@@ -526,19 +604,23 @@ class GatewaySet:
             return result
         deadline = self._clock() + self.wait_timeout
         if leaving:
-            self._wait(result, deadline, self._left, "done draining")
-            missing += leaving
-        try:
-            for view in missing:
-                remaining = max(deadline - self._clock(), view.client.timeout)
+            self._wait(result, deadline, self._left, "done draining", tolerated)
+            missing += [view for view in leaving if view.usable]
+        for view in missing:
+            remaining = max(deadline - self._clock(), view.client.timeout)
+            try:
                 outcome, job_id = view.client.add(worker_url, self.worker_api_key, timeout=remaining)
-                view.job_id = job_id
-                view.action = {"accepted": "added", "added": "added", "in_progress": "add pending"}.get(outcome, "none")
-                view.changed = outcome in ("accepted", "added")
-        except GatewayError as exc:
-            raise MembershipIncomplete(self._incomplete(result, f"adding {worker_url} failed: {exc}"), result) from None
+            except GatewayError as exc:
+                if not tolerated(exc):
+                    message = self._incomplete(result, f"adding {worker_url} failed: {exc}")
+                    raise MembershipIncomplete(message, result) from None
+                view.error = exc
+                continue
+            view.job_id = job_id
+            view.action = {"accepted": "added", "added": "added", "in_progress": "add pending"}.get(outcome, "none")
+            view.changed = outcome in ("accepted", "added")
         if wait:
-            self._wait(result, deadline, self._added, "healthy")
+            self._wait(result, deadline, self._added, "healthy", tolerated)
         else:
             self._refresh(result)
         return result
@@ -551,21 +633,33 @@ class GatewaySet:
         wait: bool = True,
         check_mode: bool = False,
         until: str = GONE,
+        unreachable: str = UNREACHABLE_FAIL,
     ) -> MembershipResult:
         """Remove the worker from every gateway that lists it, unless that leaves a gateway with fewer than
         ``min_healthy`` other healthy workers of the worker's model (then nothing is removed anywhere). With
-        ``wait``, wait until it is ``until`` (GONE or OUT_OF_ROTATION) on every gateway."""
+        ``wait``, wait until it is ``until`` (GONE or OUT_OF_ROTATION) on every gateway.
+
+        A gateway that cannot be reached stops the removal before any change, or with ``unreachable=WARN`` is set
+        aside. One that stops answering after the removal was asked (or that did not list the worker) is set aside
+        either way: it routes nothing to the worker any more.
+        """
         worker_url = normalize_url(worker_url, "worker_url")
         if isinstance(min_healthy, bool) or not isinstance(min_healthy, int) or min_healthy < 0:
             raise ValueError(f"min_healthy must be an integer >= 0, got {min_healthy!r}")
         if until not in (GONE, OUT_OF_ROTATION):
             raise ValueError(f"until must be {GONE!r} or {OUT_OF_ROTATION!r}, got {until!r}")
-        views = self._views(worker_url)
+        self._check_unreachable(unreachable)
+        warn = unreachable == UNREACHABLE_WARN
+
+        def unreached(error: GatewayError) -> bool:
+            return error.unreachable
+
+        views = self._views(worker_url, unreached if warn else None)
         result = MembershipResult(worker_url, "absent", views, check_mode, self._warnings(views))
         refusals = [refusal for refusal in (self._refusal(view, min_healthy) for view in views) if refusal]
         if refusals:
             raise RemovalRefused(worker_url, refusals, min_healthy)
-        listed = [view for view in views if view.find() is not None]
+        listed = [view for view in views if view.usable and view.find() is not None]
         if check_mode:
             for view in listed:
                 view.action = "would remove"
@@ -573,18 +667,22 @@ class GatewaySet:
                 view.after = [worker for worker in view.before if not same_worker(worker.url, worker_url)]
             return result
         deadline = self._clock() + self.wait_timeout
-        try:
-            for view in listed:
-                worker = view.find()
-                if worker.status != DRAINING:
+        for view in listed:
+            worker = view.find()
+            if worker.status != DRAINING:
+                try:
                     view.client.remove(worker)
-                    view.changed = True
-                view.action = "removed" if view.changed else "removal pending"
-        except GatewayError as exc:
-            message = self._incomplete(result, f"removing {worker_url} failed: {exc}")
-            raise MembershipIncomplete(message, result) from None
+                except GatewayError as exc:
+                    if not (warn and exc.unreachable):
+                        message = self._incomplete(result, f"removing {worker_url} failed: {exc}")
+                        raise MembershipIncomplete(message, result) from None
+                    view.error = exc
+                    continue
+                view.changed = True
+            view.action = "removed" if view.changed else "removal pending"
         if wait:
-            self._wait(result, deadline, self._gone if until == GONE else self._out_of_rotation, until)
+            pending = self._gone if until == GONE else self._out_of_rotation
+            self._wait(result, deadline, pending, until, unreached)
         else:
             self._refresh(result)
         return result
@@ -644,20 +742,27 @@ class GatewaySet:
 
     def _refresh(self, result: MembershipResult) -> None:
         for view in result.views:
-            view.after = view.client.workers()
+            if view.usable:
+                view.after = view.client.workers()
 
-    def _wait(self, result: MembershipResult, deadline: float, pending_reason, goal: str) -> None:
-        """Poll every gateway until ``pending_reason(view)`` is None for each, or the deadline passes."""
+    def _wait(self, result: MembershipResult, deadline: float, pending_reason, goal: str, tolerated=None) -> None:
+        """Poll every usable gateway until ``pending_reason(view)`` is None for each, or the deadline passes. A
+        gateway that fails meanwhile is set aside when ``tolerated(error)`` says so, else it stops the wait."""
         while True:
             waiting = {}
-            try:
-                for view in result.views:
+            for view in result.views:
+                if not view.usable:
+                    continue
+                try:
                     view.after = view.client.workers()
                     reason = pending_reason(view)
-                    if reason:
-                        waiting[view.url] = reason
-            except GatewayError as exc:
-                raise MembershipIncomplete(self._incomplete(result, str(exc)), result) from None
+                except GatewayError as exc:
+                    if tolerated is None or not tolerated(exc):
+                        raise MembershipIncomplete(self._incomplete(result, str(exc)), result) from None
+                    view.error = exc
+                    continue
+                if reason:
+                    waiting[view.url] = reason
             if not waiting:
                 return
             if self._clock() >= deadline:

@@ -19,6 +19,9 @@ BACKENDS = ("auto", "nvml", "nvidia-smi")
 NVIDIA_DEVICE_PREFIX = "/dev/nvidia"
 SMI_GPU_QUERY = ["--query-gpu=index,uuid,name,memory.used,memory.total", "--format=csv,noheader,nounits"]
 SMI_APPS_QUERY = ["--query-compute-apps=pid,gpu_uuid,used_memory", "--format=csv,noheader,nounits"]
+# Drivers from R510 on report the driver's reservation apart (nvidia-smi's memory.used then leaves it out); an
+# older nvidia-smi refuses the field, and its memory.used is all the memory in use.
+SMI_RESERVED_QUERY = ["--query-gpu=uuid,memory.reserved", "--format=csv,noheader,nounits"]
 SMI_LIST = ["-L"]
 SMI_MISSING_VALUES = ("[N/A]", "N/A", "[Not Supported]", "[Unknown Error]", "[Insufficient Permissions]", "")
 # NVML's NVML_VALUE_NOT_AVAILABLE for unsigned long long fields; older pynvml passes it through.
@@ -27,6 +30,9 @@ NVML_VALUE_NOT_AVAILABLE = 2**64 - 1
 NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_NOT_FOUND = 6
 NVML_ERROR_FUNCTION_NOT_FOUND = 13
+NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25
+# nvml.h's nvmlMemory_v2 (NVML_STRUCT_VERSION(Memory, 2)), for a pynvml that lacks the constant.
+NVML_MEMORY_V2 = 0x02000028
 NVML_DEVICE_MIG_ENABLE = 1
 # `nvidia-smi -L`: "GPU 0: NAME (UUID: GPU-...)", and under a GPU in MIG mode
 # "  MIG 1g.10gb     Device  0: (UUID: MIG-...)".
@@ -55,6 +61,8 @@ class GpuProcess:
 class Gpu:
     """A whole GPU, or a MIG device (its own memory and processes; ``index`` is its parent GPU's index).
 
+    ``used_mib`` is all the memory in use, the driver's reservation included (NVML's v1 ``used``); ``reserved_mib``
+    is that reservation (NVML v2's ``reserved``), None where the driver or the backend does not report it apart.
     ``errors`` lists the queries that failed for this device (``{"field", "error"}``); the field they fill is
     None (memory) or empty with ``processes_known`` false (processes).
     """
@@ -72,6 +80,24 @@ class Gpu:
     parent_uuid: str | None = None
     gpu_instance_id: int | None = None
     compute_instance_id: int | None = None
+    reserved_mib: int | None = None
+
+    @property
+    def in_use_mib(self) -> int | None:
+        """Memory in use beyond the driver's reservation: what processes hold, memory the driver is still releasing,
+        memory nobody can free. All of ``used_mib`` where the reservation is unknown; None where used is unknown."""
+        if self.used_mib is None:
+            return None
+        return max(self.used_mib - (self.reserved_mib or 0), 0)
+
+    @property
+    def listed_mib(self) -> int | None:
+        """What the listed processes hold (NVML's per-process accounting); None where the list or a figure is
+        unknown."""
+        figures = [holder.used_mib for holder in self.processes]
+        if not self.processes_known or None in figures:
+            return None
+        return sum(figures)
 
     @property
     def free_mib(self) -> int | None:
@@ -109,6 +135,7 @@ class Gpu:
             "uuid": self.uuid,
             "name": self.name,
             "used_mib": self.used_mib,
+            "reserved_mib": self.reserved_mib,
             "total_mib": self.total_mib,
             "processes": [proc.as_dict() for proc in self.processes],
             "errors": [dict(error) for error in self.errors],
@@ -184,12 +211,33 @@ class _Nvml:
         memory = self.field(gpu, "memory", self.nvml.nvmlDeviceGetMemoryInfo, handle)
         if memory is not None:
             gpu.total_mib, gpu.used_mib = _bytes_to_mib(memory.total), _bytes_to_mib(memory.used)
+            gpu.reserved_mib = self.reserved(gpu, handle)
         infos = self.field(gpu, "processes", self.nvml.nvmlDeviceGetComputeRunningProcesses, handle)
         gpu.processes_known = infos is not None
         gpu.processes = _merge_processes(
             GpuProcess(int(info.pid), _bytes_to_mib(getattr(info, "usedGpuMemory", None))) for info in infos or ()
         )
         return gpu
+
+    def reserved(self, gpu: Gpu, handle) -> int | None:
+        """The driver's reservation (``nvmlDeviceGetMemoryInfo_v2``'s ``reserved``, part of v1's ``used``); None where
+        the driver lacks v2 (before R510, whose total left the reservation out) or pynvml cannot pass a version
+        (nvidia-ml-py before 11.510): all of ``used_mib`` counts then."""
+        version = self.constant("nvmlMemory_v2", NVML_MEMORY_V2)
+        try:
+            memory = self.nvml.nvmlDeviceGetMemoryInfo(handle, version=version)
+        except TypeError:
+            return None
+        except self.error_class as exc:
+            absent = (
+                self.constant("NVML_ERROR_NOT_SUPPORTED", NVML_ERROR_NOT_SUPPORTED),
+                self.constant("NVML_ERROR_FUNCTION_NOT_FOUND", NVML_ERROR_FUNCTION_NOT_FOUND),
+                self.constant("NVML_ERROR_ARGUMENT_VERSION_MISMATCH", NVML_ERROR_ARGUMENT_VERSION_MISMATCH),
+            )
+            if self.code(exc) not in absent:
+                gpu.add_error("reserved", exc)
+            return None
+        return _bytes_to_mib(getattr(memory, "reserved", None))
 
     def mig_enabled(self, gpu: Gpu, handle) -> bool:
         """Whether ``gpu`` is in MIG mode; boards and drivers without MIG say NotSupported or lack the call."""
@@ -372,6 +420,7 @@ def query_nvidia_smi(run_command=None, binary: str = "nvidia-smi") -> list:
         outputs.append(out)
     gpus = parse_smi_gpus(outputs[0])
     by_uuid = {gpu.uuid: gpu for gpu in gpus}
+    _smi_reserved(by_uuid, run_command, binary)
     for uuid, proc in parse_smi_apps(outputs[1]):
         if uuid in by_uuid:
             by_uuid[uuid].processes.append(proc)
@@ -379,6 +428,39 @@ def query_nvidia_smi(run_command=None, binary: str = "nvidia-smi") -> list:
         gpu.processes = _merge_processes(gpu.processes)
     listing = _mig_listing(run_command, binary)
     return _smi_mig_devices(gpus, listing) if listing is not None else gpus
+
+
+def _smi_reserved(by_uuid: dict, run_command, binary: str) -> None:
+    """Set each GPU's reservation from ``memory.reserved``, adding it back to ``used_mib`` (which then leaves it out).
+
+    An nvidia-smi that refuses the field (drivers before R510) leaves the GPUs as they are: its memory.used is all
+    the memory in use.
+    """
+    for uuid, reserved in _smi_reservations(run_command, binary).items():
+        gpu = by_uuid.get(uuid)
+        if gpu is None:
+            continue
+        gpu.reserved_mib = reserved
+        if gpu.used_mib is not None:
+            gpu.used_mib += reserved
+
+
+# The reservation per (binary, runner): it is fixed while the driver is loaded, and a module polls memory many times.
+_RESERVATIONS = {}
+
+
+def _smi_reservations(run_command, binary: str) -> dict:
+    key = (binary, run_command)
+    if key not in _RESERVATIONS:
+        rc, out, _err = run_command([binary, *SMI_RESERVED_QUERY])
+        found = {}
+        for line in out.splitlines() if rc == 0 else ():
+            fields = [part.strip() for part in line.split(",")]
+            reserved = _smi_value(fields[1]) if len(fields) == 2 else None
+            if reserved is not None:
+                found[fields[0]] = reserved
+        _RESERVATIONS[key] = found
+    return _RESERVATIONS[key]
 
 
 # `nvidia-smi -L` per (binary, runner): MIG devices change only when an administrator changes them, and a module
@@ -487,12 +569,13 @@ def stuck_entry(gpu: Gpu, pid, mib, evidence: str, proc=None) -> dict:
 
 
 def unlisted_mib(gpu: Gpu) -> int | None:
-    """MiB used on ``gpu`` that no listed process holds (the driver's reservation, memory being released, memory
-    nobody can free); None where the process list or a figure is unknown."""
-    figures = [holder.used_mib for holder in gpu.processes]
-    if not gpu.processes_known or gpu.used_mib is None or None in figures:
+    """MiB in use on ``gpu`` beyond the driver's reservation that no listed process holds (memory being released,
+    memory nobody can free); None where the process list or a figure is unknown. Where the driver does not report
+    its reservation apart, the reservation is part of it."""
+    listed = gpu.listed_mib
+    if listed is None or gpu.in_use_mib is None:
         return None
-    return gpu.used_mib - sum(figures)
+    return gpu.in_use_mib - listed
 
 
 def memory_without_live_holder(gpus: list, read_process, threshold_mib: int) -> list:
@@ -500,9 +583,10 @@ def memory_without_live_holder(gpus: list, read_process, threshold_mib: int) -> 
 
     ``read_process(pid)`` returns an object with ``state``, ``ppid``, ``title`` and ``is_alive``, or None when the
     PID does not exist. Reported: a listed holder that no longer exists, a listed holder that is a zombie (its
-    memory stays when a thread of it is stuck in the driver), and used memory that no listed process accounts for,
-    beyond ``threshold_mib`` (skipped where the process list or a figure is unknown, and on a GPU in MIG mode,
-    whose MIG devices are checked instead). A process of another PID namespace looks like the first or the last.
+    memory stays when a thread of it is stuck in the driver), and memory in use beyond the driver's reservation that
+    no listed process accounts for, more than ``threshold_mib`` (skipped where the process list or a figure is
+    unknown, and on a GPU in MIG mode, whose MIG devices are checked instead). A process of another PID namespace
+    looks like the first or the last.
     """
     found = []
     for gpu in gpus:
@@ -520,7 +604,8 @@ def memory_without_live_holder(gpus: list, read_process, threshold_mib: int) -> 
                 found.append(stuck_entry(gpu, holder.pid, holder.used_mib, evidence, proc))
         unaccounted = None if gpu.mig_enabled else unlisted_mib(gpu)
         if unaccounted is not None and unaccounted > threshold_mib:
-            evidence = f"{unaccounted} MiB used that no listed process holds (more than {threshold_mib} MiB)"
+            reserved = "" if gpu.reserved_mib is None else f" beyond the driver's {gpu.reserved_mib} MiB reservation"
+            evidence = f"{unaccounted} MiB used{reserved} that no listed process holds (more than {threshold_mib} MiB)"
             found.append(stuck_entry(gpu, None, unaccounted, evidence))
     return found
 
@@ -563,3 +648,19 @@ def device_holders(proc_root: str = "/proc") -> dict:
         if paths:
             holders[int(name)] = sorted(paths)
     return holders
+
+
+def cuda_visible_devices(selectors, devices) -> list:
+    """``CUDA_VISIBLE_DEVICES`` for an engine given ``selectors``: whole GPUs by index, MIG devices by UUID.
+
+    ``devices`` are the devices the selectors name, in their order, as ``Gpu.as_dict()`` reports them (the
+    sglang_info module's ``gpus.devices``). SGLang reads the list with ``int()`` to set up its custom all-reduce
+    (custom_all_reduce_utils.py) and falls back to NCCL's, slower, on a GPU UUID; a unit sets
+    ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, under which CUDA's indexes are NVML's. A MIG device has no index CUDA reads.
+    Where ``devices`` does not match the selectors one for one (not known yet), the selectors are returned as they are.
+    """
+    shown = [str(selector).strip() for selector in selectors or ()]
+    devices = list(devices or ())
+    if len(devices) != len(shown):
+        return shown
+    return [device["uuid"] if device.get("mig_index") is not None else str(device["index"]) for device in devices]

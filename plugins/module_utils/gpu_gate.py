@@ -9,12 +9,14 @@ with gpu.py and procs.py on the host and runs ``main()`` with the service's Pyth
 needs only the Python standard library (and pynvml where present, through gpu.py).
 
 The drain: SGLang drains in-flight requests when its main process alone gets SIGTERM (the tokenizer
-manager's sigterm_watchdog), but its schedulers and detokenizer have no SIGTERM handler, so the
-SIGTERM that systemd sends to the whole group (KillMode=control-group) kills them at once and the main
-process's subprocess watchdog then kills the tree: every in-flight request is cut. ``drain`` sends
-SIGTERM to the main process only and returns as soon as it has exited, or the engine's /metrics show
-no running and no queued request twice in a row, or the drain budget is spent; systemd then stops
-what is left of the group.
+manager's sigterm_watchdog: it looks every 5 s, waits while any request it holds is unanswered, sends
+ShutdownReq to the schedulers, waits up to 15 s for them to release their GPU memory and exit, then exits 0).
+Its schedulers and detokenizer have no SIGTERM handler, so the SIGTERM that systemd sends to the whole group
+(KillMode=control-group) kills them at once, the main process's subprocess watchdog takes that for a crash and
+SIGKILLs the tree: every in-flight request is cut and the unit ends failed. ``drain`` sends SIGTERM to the
+main process only and returns once it has exited, or when the drain budget is spent; only then does systemd
+stop what is left of the group. The scheduler's gauges (/metrics) are only logged: they are published every
+few decode steps and miss requests just admitted or still being tokenized, so they never say "idle".
 """
 
 from __future__ import annotations
@@ -43,10 +45,9 @@ HEALTH_REQUEST_TIMEOUT = 5.0
 # How often the readiness gate asks /health: the unit turns active, and the restart chain's gate passes, one poll
 # after the engine is ready.
 READY_POLL_INTERVAL = 0.1
-# The drain asks /metrics this often; "idle" must be seen on DRAIN_IDLE_SCRAPES scrapes in a row, so that the
-# last tokens of a request the scheduler just finished reach its client before the group is stopped.
-DRAIN_POLL_INTERVAL = 0.2
-DRAIN_IDLE_SCRAPES = 2
+# The drain looks for the main process's exit this often, and logs what the engine's gauges report this often.
+DRAIN_POLL_INTERVAL = 0.1
+DRAIN_LOG_INTERVAL = 2.0
 METRICS_REQUEST_TIMEOUT = 2.0
 IN_FLIGHT_METRICS = ("sglang:num_running_reqs", "sglang:num_queue_reqs")
 _SAMPLE = re.compile(r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{[^}]*\})?\s+(?P<value>\S+)")
@@ -76,9 +77,28 @@ def describe_holders(gpu, proc_root: str = "/proc") -> str:
     return ", ".join(parts) if parts else "no process listed (another container or PID namespace?)"
 
 
+def held_mib(gpu) -> int | None:
+    """What the gate weighs on ``gpu``: memory in use beyond the driver's reservation (NVML v2's ``reserved``), or
+    what its listed processes hold where that is more (the figures are read at different moments); None where the
+    memory in use is unknown. A board's reservation (hundreds of MiB on an idle H100) never reads as a holder."""
+    in_use = gpu.in_use_mib
+    if in_use is None:
+        return None
+    return max(in_use, gpu.listed_mib or 0)
+
+
 def busy_gpus(gpus: list, threshold_mib: int) -> list:
-    """GPUs using more than ``threshold_mib`` (a GPU whose use is unknown counts as busy)."""
-    return [gpu for gpu in gpus if gpu.used_mib is None or gpu.used_mib > threshold_mib]
+    """GPUs holding more than ``threshold_mib`` beyond the driver's reservation (unknown use counts as busy)."""
+    return [gpu for gpu in gpus if held_mib(gpu) is None or held_mib(gpu) > threshold_mib]
+
+
+def _held_text(gpu) -> str:
+    held = held_mib(gpu)
+    if held is None:
+        return _unknown_memory(gpu)
+    if gpu.reserved_mib is None:
+        return f"{held} MiB"
+    return f"{held} MiB beyond the driver's {gpu.reserved_mib} MiB reservation"
 
 
 def _unknown_memory(gpu) -> str:
@@ -89,8 +109,7 @@ def _unknown_memory(gpu) -> str:
 def refusal_message(unit: str, busy: list, threshold_mib: int, proc_root: str = "/proc") -> str:
     lines = [f"refusing to start {unit}: {len(busy)} GPU(s) hold more than {threshold_mib} MiB"]
     for gpu in busy:
-        used = f"{gpu.used_mib} MiB" if gpu.used_mib is not None else _unknown_memory(gpu)
-        lines.append(f"{gpu.display} ({gpu.uuid}) uses {used}: {describe_holders(gpu, proc_root)}")
+        lines.append(f"{gpu.display} ({gpu.uuid}) uses {_held_text(gpu)}: {describe_holders(gpu, proc_root)}")
     return "\n".join(lines)
 
 
@@ -120,8 +139,8 @@ def check_gpus_free(
         return not seen["busy"]
 
     if wait_for(free, wait_seconds, interval=0.2, clock=clock, sleep=sleep):
-        used = ", ".join(f"{gpu.display} {gpu.used_mib} MiB" for gpu in seen["gpus"])
-        return True, f"GPUs free for {unit} (at most {threshold_mib} MiB used each): {used}"
+        used = ", ".join(f"{gpu.display} {_held_text(gpu)}" for gpu in seen["gpus"])
+        return True, f"GPUs free for {unit} (at most {threshold_mib} MiB held each): {used}"
     return False, refusal_message(unit, seen["busy"], threshold_mib, proc_root)
 
 
@@ -218,7 +237,7 @@ def _alive(pid: int, proc_root: str) -> bool:
 
 def drain(
     pid: int,
-    url: str,
+    url: str | None,
     timeout: float,
     *,
     kill=os.kill,
@@ -228,11 +247,11 @@ def drain(
     sleep=time.sleep,
     log=None,
 ) -> tuple:
-    """SIGTERM the main process ``pid`` alone and wait for the drain; return ``(drained, message)``.
+    """SIGTERM the main process ``pid`` alone and wait until it exits; return ``(drained, message)``.
 
-    Drained: the process exited, or ``url``/metrics showed no running and no queued request on
-    DRAIN_IDLE_SCRAPES scrapes in a row. Not drained: ``timeout`` seconds passed (the message says what was
-    still in flight). ``log(text)`` is told each change of the in-flight counts.
+    Drained: the process exited (SGLang's own drain finished). Not drained: ``timeout`` seconds passed. Every
+    DRAIN_LOG_INTERVAL seconds ``log(text)`` is told what ``url``/metrics reports in flight when that changed;
+    the figures never end the wait.
     """
     log = log or (lambda text: None)
     started = clock()
@@ -243,22 +262,24 @@ def drain(
     except ProcessLookupError:
         return True, f"main process {pid} already gone"
     deadline = started + timeout
-    idle, last = 0, "not scraped yet"
+    last, next_log = None, started
     while True:
         if not _alive(pid, proc_root):
             return True, f"main process {pid} exited after {clock() - started:.1f} s"
-        counts = scrape(url)
-        shown = "no /metrics" if counts is None else f"{counts[0]} running, {counts[1]} queued"
-        if shown != last:
-            log(f"draining main process {pid}: {shown}")
-            last = shown
-        idle = idle + 1 if counts == (0, 0) else 0
-        if idle >= DRAIN_IDLE_SCRAPES:
-            elapsed = clock() - started
-            return True, f"no running or queued request after {elapsed:.1f} s; main process {pid} still exiting"
         now = clock()
+        if url and now >= next_log:
+            counts = scrape(url)
+            shown = "no /metrics" if counts is None else f"{counts[0]} running, {counts[1]} queued"
+            if shown != last:
+                log(f"draining main process {pid}: {shown}")
+                last = shown
+            next_log = now + DRAIN_LOG_INTERVAL
         if now >= deadline:
-            return False, f"drain budget of {timeout:g} s spent with {shown}; systemd stops the rest of the unit"
+            return False, (
+                f"main process {pid} still draining after the budget of {timeout:g} s"
+                + (f" (last seen: {last})" if last else "")
+                + "; systemd stops the rest of the unit"
+            )
         sleep(min(DRAIN_POLL_INTERVAL, deadline - now))
 
 
@@ -288,10 +309,10 @@ def build_parser() -> argparse.ArgumentParser:
     ready.add_argument(
         "--main-pid", type=int, default=int(os.environ.get("MAINPID") or 0), help="stop when it exits ($MAINPID)"
     )
-    stop = modes.add_parser("drain", help="SIGTERM the main process alone, wait until it drained (ExecStop)")
+    stop = modes.add_parser("drain", help="SIGTERM the main process alone, wait until it exited (ExecStop)")
     stop.add_argument("--pid", type=_pid, required=True, help="the main process (${MAINPID})")
-    stop.add_argument("--url", required=True, help="the server's base URL; its /metrics tells what is in flight")
-    stop.add_argument("--timeout", type=float, required=True, help="the drain budget in seconds")
+    stop.add_argument("--url", default=None, help="the server's base URL; its /metrics is logged while it drains")
+    stop.add_argument("--timeout", type=float, required=True, help="the longest wait for the exit, in seconds")
     return parser
 
 

@@ -280,11 +280,13 @@ class SglangProbe:
     # gpu --------------------------------------------------------------------------------------------
 
     def _held_mib(self, gpu, pids) -> int:
+        """The unit's processes' memory on ``gpu`` (NVML's per-process accounting); without a unit, or where the
+        figures are unavailable (e.g. some containers), the memory in use beyond the driver's reservation."""
         if pids is None or not gpu.processes_known:
-            return gpu.used_mib or 0
+            return gpu.in_use_mib or 0
         mine = [proc for proc in gpu.processes if proc.pid in pids]
         if any(proc.used_mib is None for proc in mine):
-            return gpu.used_mib or 0  # per-process figures unavailable (e.g. some containers): best estimate
+            return gpu.in_use_mib or 0
         return sum(proc.used_mib for proc in mine)
 
     def _expected_gpus(self, gpus: list) -> tuple:
@@ -332,7 +334,7 @@ class SglangProbe:
             return f"{gpu.display} has {held} MiB used: model not loaded"
         state = attempt.unit_state
         who = "unit active but its processes" if state is not None and state.is_active else "the unit's processes"
-        total = f" ({gpu.used_mib} MiB used on the GPU in all)" if gpu.used_mib not in (None, held) else ""
+        total = f" ({gpu.in_use_mib} MiB used on the GPU in all)" if gpu.in_use_mib not in (None, held) else ""
         return f"{who} hold {held} MiB on {gpu.display}{total}{unknown}: model not loaded"
 
     def _unreapable(self) -> list:

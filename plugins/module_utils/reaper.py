@@ -62,7 +62,6 @@ RELEASE_SLACK_MIB = 64
 # Why memory is not released yet: a reaped PID still listed, memory the driver is still releasing, a GPU above
 # released_below_mib, a /dev/nvidia* file still open.
 LISTED, RELEASING, ABOVE_FLOOR, DEVICE_FILES = "listed", "releasing", "above_floor", "device_files"
-SELECTORS = ("unit", "match", "orphans_only", "pids")
 DEFAULT_KILL_TIMEOUT = 10.0
 DEFAULT_UNACCOUNTED_THRESHOLD_MIB = 1024
 
@@ -276,7 +275,8 @@ def render_gpus(gpus: list) -> str:
     """Text for diff mode: one line per GPU, one indented line per holder."""
     lines = []
     for gpu in gpus:
-        lines.append(f"{gpu.display} {gpu.uuid}: {_mib(gpu.used_mib)} / {_mib(gpu.total_mib)} MiB used")
+        reserved = "" if gpu.reserved_mib is None else f" ({gpu.reserved_mib} reserved by the driver)"
+        lines.append(f"{gpu.display} {gpu.uuid}: {_mib(gpu.used_mib)} / {_mib(gpu.total_mib)} MiB used{reserved}")
         lines.extend(f"  pid {proc.pid}: {_mib(proc.used_mib)} MiB" for proc in gpu.processes)
     return "\n".join(lines) + "\n"
 
@@ -462,9 +462,13 @@ class GpuReaper:
                 )
                 held.append(Held(gpu.uuid, None, RELEASING, text))
             below = self.options.released_below_mib
-            if below is not None and (gpu.used_mib is None or gpu.used_mib > below):
+            if below is not None and (gpu.in_use_mib is None or gpu.in_use_mib > below):
                 holders = ", ".join(str(proc.pid) for proc in gpu.processes) or "no listed process"
-                text = f"{gpu.display} uses {_mib(gpu.used_mib)} MiB > released_below_mib {below} (holders: {holders})"
+                reserved = f" beyond the driver's {gpu.reserved_mib} MiB reservation" if gpu.reserved_mib else ""
+                text = (
+                    f"{gpu.display} uses {_mib(gpu.in_use_mib)} MiB{reserved} > released_below_mib {below} "
+                    f"(holders: {holders})"
+                )
                 held.append(Held(gpu.uuid, None, ABOVE_FLOOR, text))
         if self.options.include_device_holders:
             open_files = self.holders(self.proc_root)

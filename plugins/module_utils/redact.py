@@ -40,6 +40,9 @@ _PATTERNS = (
 
 def _masked(match) -> str:
     quote = match.groupdict().get("q") or ""
+    secret = match.group("secret")
+    if not quote and len(secret) >= 2 and secret[0] == secret[-1] and secret[0] in "'\"":
+        quote = secret[0]  # a quoted value keeps its quotes: 'api_key': '********'
     return f"{match.group('lead')}{quote}{MASK}{quote}"
 
 

@@ -13,8 +13,9 @@ One run, each step timed and reported::
 
 - gateway drain: every gateway replica is read first (one that cannot be used fails the chain before the stop),
   the worker is removed from each (refused, before the stop, when a gateway would keep fewer than
-  ``gateway_min_healthy`` other healthy workers of its model), then the engine's /metrics is polled until nothing
-  runs or waits, or the drain budget ends (module_utils/gateway_drain.py). After a passing gate the worker is added
+  ``gateway_min_healthy`` other healthy workers of its model), then the chain waits while the engine's /metrics
+  shows requests in flight, at most the drain budget (module_utils/gateway_drain.py); the gauges never prove it
+  idle, the stop's wait for SGLang's own drain does. After a passing gate the worker is added
   back and the chain waits until every gateway reports it healthy; a failed gate (or step) leaves it out of the
   gateways, and the result's ``gateway`` field says where it is.
 
@@ -37,14 +38,18 @@ reaper, the probe, the snapshot store, the lock), so each step and failure is un
 
 from __future__ import annotations
 
-import inspect
 import os
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 from ansible_collections.llmops.inference.plugins.module_utils import host_lock as _host_lock
-from ansible_collections.llmops.inference.plugins.module_utils.gateway import GATEWAY_SCHEMES, normalize_url
+from ansible_collections.llmops.inference.plugins.module_utils.gateway import (
+    GATEWAY_SCHEMES,
+    UNREACHABLE_CHOICES,
+    UNREACHABLE_FAIL,
+    normalize_url,
+)
 from ansible_collections.llmops.inference.plugins.module_utils.gateway_drain import (
     IN_FLIGHT_METRICS,
     DrainFailure,
@@ -52,6 +57,7 @@ from ansible_collections.llmops.inference.plugins.module_utils.gateway_drain imp
     GatewayDrain,
     in_flight,
 )
+from ansible_collections.llmops.inference.plugins.module_utils.gpu_selection import ORPHAN_PATTERN
 from ansible_collections.llmops.inference.plugins.module_utils.known_good import KnownGoodStore, SnapshotError
 from ansible_collections.llmops.inference.plugins.module_utils.module_support import OptionError
 from ansible_collections.llmops.inference.plugins.module_utils.probe import SglangProbe
@@ -102,7 +108,6 @@ UNIT_PROPERTIES = (
     "StartLimitBurst",
     "StartLimitIntervalUSec",
 )
-ORPHAN_PATTERN = "^sglang::"
 # How often the chain reads the unit while it waits: one `systemctl show` (a few ms) per poll.
 POLL_S = 0.1
 # How long systemd may take to begin the start job the chain queued (it is usually immediate).
@@ -111,8 +116,6 @@ HEALTH_TIMEOUT_S = 5.0
 METRICS_TIMEOUT_S = 2.0
 CLD_EXITED = "1"
 GATE_TIERS = TIER_NAMES
-# The probe's soak (N short generations after an unclean stop) is asked for only where the probe has it.
-_PROBE_SOAKS = "soak_requests" in inspect.signature(ProbeSettings).parameters
 
 
 class ChainInputError(OptionError):
@@ -162,6 +165,7 @@ class ChainOptions:
     gateway_worker_url: str | None = None
     gateway_min_healthy: int = 1
     gateway_wait_timeout: float = 120.0
+    gateway_unreachable: str = UNREACHABLE_FAIL
     drain_timeout: float = 120.0
 
 
@@ -227,6 +231,7 @@ def parse_chain_options(params: dict) -> ChainOptions:
         gateway_api_key=params.get("gateway_api_key") or None,
         gateway_min_healthy=_number(params, "gateway_min_healthy", 1),
         gateway_wait_timeout=_number(params, "gateway_wait_timeout", 120.0),
+        gateway_unreachable=params.get("gateway_unreachable") or UNREACHABLE_FAIL,
         drain_timeout=_number(params, "drain_timeout", 120.0),
     )
     _gateway_options(options, params)
@@ -259,6 +264,11 @@ def _gateway_options(options: ChainOptions, params: dict) -> None:
     if isinstance(options.gateway_min_healthy, bool) or int(options.gateway_min_healthy) != options.gateway_min_healthy:
         raise ChainInputError("gateway_min_healthy", "gateway_min_healthy must be an integer >= 0")
     options.gateway_min_healthy = int(options.gateway_min_healthy)
+    if options.gateway_unreachable not in UNREACHABLE_CHOICES:
+        raise ChainInputError(
+            "gateway_unreachable",
+            f"gateway_unreachable must be {' or '.join(UNREACHABLE_CHOICES)}, got {options.gateway_unreachable!r}",
+        )
 
 
 def _probe_settings(options: ChainOptions, wait_timeout: float, soak: int = 0) -> dict:
@@ -279,7 +289,7 @@ def _probe_settings(options: ChainOptions, wait_timeout: float, soak: int = 0) -
         "wait_timeout": wait_timeout,
         "poll_interval": POLL_S,
     }
-    if soak and _PROBE_SOAKS:
+    if soak:
         settings["soak_requests"] = soak
     return settings
 
@@ -405,6 +415,7 @@ class RestartChain:
                 drain_timeout=options.drain_timeout,
                 wait_timeout=options.gateway_wait_timeout,
                 validate_certs=options.validate_certs,
+                unreachable=options.gateway_unreachable,
             )
             self.drain = GatewayDrain(
                 settings, scrape or self._host_in_flight, gateway_set=gateway_set, clock=clock, sleep=sleep
@@ -493,9 +504,12 @@ class RestartChain:
             token = self._lock(check_mode)
             with self.steps.run("unit") as step:
                 before = self._read_unit()
-                if before.load_state == "not-found":
+                if before.load_state != "not-found":
+                    step["detail"] = f"{before.active_state} ({before.sub_state}), MainPID {before.main_pid}"
+                elif check_mode:  # a first run in check mode installs nothing: its plan is the first start
+                    step["detail"] = f"unit {before.name} not installed yet: a run installs it, then starts it"
+                else:
                     raise ChainFailure("unit", f"unit {before.name} not found (LoadState=not-found); install it first")
-                step["detail"] = f"{before.active_state} ({before.sub_state}), MainPID {before.main_pid}"
             self.result["start_limit"] = start_limit(before)
             self._gateway_leave(check_mode)
             if check_mode:
@@ -511,6 +525,7 @@ class RestartChain:
                 self._release(token)
         if self.drain:
             self.result["gateway"] = self.drain.state
+            self.warnings.extend(self.drain.warnings)
         return self._finish(before, started, check_mode)
 
     # -- the gateways ------------------------------------------------------------------------------
@@ -817,9 +832,7 @@ class RestartChain:
         window_end = self._ready_at + options.stability_window
         # Within the window the probe may try again (a tier that was not ready yet); after it, it decides.
         settings = _probe_settings(options, wait_timeout=max(0.0, window_end - self.clock()), soak=soak)
-        if soak and not _PROBE_SOAKS:
-            self.warnings.append(f"the probe has no soak option; {soak} short generations after the reap were skipped")
-        self.result["soak"] = soak if _PROBE_SOAKS else 0
+        self.result["soak"] = soak
         probe = self.probe(settings)
         gate = {
             "healthy": bool(probe.get("healthy")),
@@ -970,10 +983,12 @@ class RestartChain:
             gateways = ", ".join(options.gateways)
             plan["gateway"] = {
                 "remove": self.drain.state["detail"],
-                "drain": f"wait up to {options.drain_timeout:g} s until the engine's /metrics shows no running and "
-                "no queued request",
+                "drain": f"wait up to {options.drain_timeout:g} s while the engine's /metrics shows requests running "
+                "or queued; the stop then waits for SGLang's own drain",
                 "add": f"after a passing gate, add {options.gateway_worker_url} to {gateways} and wait until each "
-                "reports it healthy; a failed gate leaves it out",
+                "reports it healthy; a failed gate leaves it out; a gateway that cannot be reached then "
+                + ("fails the host" if options.gateway_unreachable == UNREACHABLE_FAIL else "is a warning")
+                + " (gateway_unreachable)",
             }
         self.result.update(plan=plan, stop_mode=mode, changed=True, healthy=None)
         self.steps.note("stop", "planned", why)
@@ -1015,7 +1030,8 @@ class RestartChain:
             lines = [f"{unit} failed its gate: {result['failed_tier']} tier: {result['reason']}"]
         gateway = result["gateway"] or {}
         if gateway.get("in_gateways") is False:
-            lines[0] += f" ({gateway['worker_url']} is left out of its gateway(s): {', '.join(gateway['gateways'])})"
+            left_out = gateway.get("left_out") or gateway["gateways"]
+            lines[0] += f" ({gateway['worker_url']} is left out of its gateway(s): {', '.join(left_out)})"
         if result["active_state"]:
             line = (
                 f"unit: ActiveState={result['active_state']} SubState={result['sub_state']} "

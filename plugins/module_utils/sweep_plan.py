@@ -40,7 +40,6 @@ import itertools
 import math
 
 FIXED_SHAPE_ALGORITHMS = ("NGRAM", "DFLASH", "DSPARK")
-APPLY_CHOICES = ("original", "best")
 POINT_KEYS = ("steps", "topk", "draft_tokens")
 HOOK = "srt/arg_groups/speculative_hook.py _handle_eagle_family"
 RULE_SOURCES = {

@@ -161,12 +161,6 @@ def parse_show(text: str) -> dict:
     return props
 
 
-def parse_show_many(text: str) -> list:
-    """Parse `systemctl show A B ...`: one property block per unit, separated by blank lines."""
-    blocks = [block for block in text.replace("\r\n", "\n").split("\n\n") if block.strip()]
-    return [parse_show(block) for block in blocks]
-
-
 def show_unit(run_command, unit: str, properties=SHOW_PROPERTIES) -> UnitState:
     name = normalize_unit_name(unit)
     rc, out, err = run_command(["systemctl", "show", name, "--property=" + ",".join(properties), "--no-pager"])
@@ -204,14 +198,3 @@ def list_units(run_command, types=("service", "scope")) -> dict:
 def list_running_units(run_command, types=("service", "scope")) -> dict:
     """Units whose processes systemd still manages: {unit: active_state}."""
     return {name: state for name, state in list_units(run_command, types).items() if state in RUNNING_STATES}
-
-
-def list_active_units_cgroups(run_command, types=("service", "scope")) -> dict:
-    """{unit: ControlGroup} of every running unit of ``types``."""
-    names = sorted(list_running_units(run_command, types))
-    if not names:
-        return {}
-    rc, out, err = run_command(["systemctl", "show", "--property=Id,ControlGroup", "--no-pager", *names])
-    if rc != 0:
-        raise SystemdError(f"systemctl show failed (rc={rc}): {(err or out).strip()}")
-    return {props["Id"]: props.get("ControlGroup", "") for props in parse_show_many(out) if props.get("Id")}

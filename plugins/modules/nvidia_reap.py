@@ -128,8 +128,9 @@ options:
     default: true
   released_below_mib:
     description:
-      - With O(wait_released), also wait until the used memory of every selected GPU is at most this many MiB,
-        whoever holds it. Without candidates, this still waits, so it can assert that the GPUs are free.
+      - With O(wait_released), also wait until the memory in use on every selected GPU beyond the driver's
+        reservation (NVML v2's C(reserved)) is at most this many MiB, whoever holds it. Without candidates, this
+        still waits, so it can assert that the GPUs are free.
     type: int
   timeout:
     description:
@@ -145,8 +146,11 @@ options:
     default: 10
   unaccounted_threshold_mib:
     description:
-      - Used memory on a selected GPU that no listed process accounts for counts as unreapable above this many MiB.
-        It covers the driver's own reservation, which NVML counts as used on some boards.
+      - Memory in use on a selected GPU beyond the driver's reservation that no listed process accounts for counts
+        as unreapable above this many MiB.
+      - The reservation (hundreds of MiB on an idle H100 or H200) is read from NVML v2 (C(reserved)) or
+        C(nvidia-smi --query-gpu=memory.reserved) and never counts. Where neither reports it (drivers before R510,
+        nvidia-ml-py before 11.510), all used memory counts, so keep this above what an idle board shows there.
     type: int
     default: 1024
   fail_on_unreapable:
@@ -376,7 +380,10 @@ gpus_before:
       type: str
       sample: NVIDIA H100 80GB HBM3
     used_mib:
-      description: Used memory in MiB.
+      description: Used memory in MiB, the driver's reservation included (NVML's v1 C(used)).
+      type: int
+    reserved_mib:
+      description: The driver's reservation in MiB (NVML v2's C(reserved)); null where the driver does not report it.
       type: int
     total_mib:
       description: Total memory in MiB.

@@ -14,7 +14,10 @@ description:
     replicas do not share their worker registry, so each one is told.
   - Every gateway is read first. When one cannot be used (unreachable, no answer within O(timeout), a refused API
     key, not a gateway), or when O(min_healthy) refuses a removal, the task fails naming each gateway and why, and
-    nothing is changed on any gateway.
+    nothing is changed on any gateway. With O(unreachable=warn) a gateway that cannot be reached (no connection, no
+    answer within O(timeout)) is left aside instead, with a warning naming it, and the others are changed.
+  - A gateway that stops answering after it accepted the removal routes nothing to the worker any more; it is left
+    aside with a warning (O(state=absent) is not failed for it).
   - O(state=present) adds the worker to each gateway that does not list it (one that still lists it as draining,
     from a removal a moment before, first drops that entry) and, with O(wait), waits until every gateway lists it
     as healthy. O(state=absent) removes it from each gateway that lists it and, with O(wait), waits
@@ -107,6 +110,15 @@ options:
       - Seconds between two readings of the gateways while waiting.
     type: float
     default: 0.5
+  unreachable:
+    description:
+      - What a gateway that cannot be reached does to the task. V(fail) fails it (before any change when the first
+        reading finds it). V(warn) leaves that gateway aside with a warning naming it, and changes the others; its
+        entry in RV(gateways) has C(action=unreachable) and the reason in C(problem).
+      - A gateway that answers but cannot be used (a refused API key, not a gateway) fails the task either way.
+    type: str
+    choices: [fail, warn]
+    default: fail
 notes:
   - The module talks HTTP only; run it on any host that reaches the gateways (often C(delegate_to) a gateway host
     or the controller, with C(run_once)).
@@ -185,7 +197,8 @@ gateways:
       sample: smg
     action:
       description: C(added), C(removed), C(add pending) (an add already queued there was waited for), C(removal
-        pending) (already draining), C(would add), C(would remove) (check mode) or C(none).
+        pending) (already draining), C(would add), C(would remove) (check mode), C(unreachable) (left aside with
+        O(unreachable=warn)) or C(none).
       type: str
       sample: added
     changed:
@@ -217,6 +230,10 @@ gateways:
       description: What the gateway still reported when the wait ended unfinished, else null.
       type: str
       sample: "listed but not healthy (status not_ready)"
+    problem:
+      description: Why the gateway was left aside (C(action) is C(unreachable)), else null.
+      type: str
+      sample: "gateway http://gw-b.example:30080: cannot reach it (GET /workers: [Errno 111] Connection refused)"
     workers:
       description: Every worker the gateway lists, with C(url), C(id), C(model), C(healthy) and C(status).
       type: list
@@ -270,6 +287,7 @@ ARGUMENT_SPEC = dict(
     wait=dict(type="bool", default=True),
     wait_timeout=dict(type="float", default=120),
     poll_interval=dict(type="float", default=0.5),
+    unreachable=dict(type="str", choices=["fail", "warn"], default="fail"),
 )
 
 
@@ -300,6 +318,12 @@ def build_gateway_set(params: dict) -> GatewaySet:
 
 
 def summary(result) -> str:
+    aside = [view.url for view in result.skipped]
+    text = _summary(result)
+    return f"{text}; left aside (cannot be reached): {', '.join(aside)}" if aside else text
+
+
+def _summary(result) -> str:
     changed = [view for view in result.views if view.changed]
     total = len(result.views)
     if result.check_mode:
@@ -324,10 +348,16 @@ def main():
     base = dict(worker_url=worker_url, state=params["state"])
     try:
         if params["state"] == "present":
-            result = gateways.add(worker_url, wait=params["wait"], check_mode=module.check_mode)
+            result = gateways.add(
+                worker_url, wait=params["wait"], check_mode=module.check_mode, unreachable=params["unreachable"]
+            )
         else:
             result = gateways.remove(
-                worker_url, min_healthy=params["min_healthy"], wait=params["wait"], check_mode=module.check_mode
+                worker_url,
+                min_healthy=params["min_healthy"],
+                wait=params["wait"],
+                check_mode=module.check_mode,
+                unreachable=params["unreachable"],
             )
     except GatewaysUnavailable as exc:
         module.fail_json(msg=str(exc), changed=False, unavailable=[str(error) for error in exc.errors], **base)
@@ -340,6 +370,8 @@ def main():
 
     for warning in result.warnings:
         module.warn(warning)
+    for view in result.skipped:
+        module.warn(f"{worker_url} left aside on a gateway that cannot be reached: {view.error}")
     output = dict(result.to_dict(), msg=summary(result))
     if module._diff:
         output["diff"] = result.diff

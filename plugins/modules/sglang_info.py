@@ -17,6 +17,12 @@ description:
   - Fails, naming O(label) and what is needed, when the interpreter cannot be run, has no C(sglang), is older than
     O(min_python), has another sglang than O(version), or lacks the C(sglang) console script beside it
     (O(require_script)).
+  - With O(gpus), checks instead (or as well) that an engine's GPU list can work on this host before anything changes,
+    and fails naming each GPU and why it cannot be used - a GPU the host does not have, a GPU named twice (also by
+    index and by UUID), whole GPUs and MIG devices together (CUDA stops reading C(CUDA_VISIBLE_DEVICES) at the first
+    entry of the other kind), fewer CUDA devices than the engine's layout uses (a list with MIG devices gives one, as a
+    CUDA process enumerates a single MIG device), or memory held by a process outside the reach of O(gpus.unit)'s
+    restart.
 author:
   - llmops.inference contributors (@llmops)
 attributes:
@@ -27,9 +33,8 @@ extends_documentation_fragment:
   - llmops.inference.read_only
 options:
   python:
-    description: The absolute path of the interpreter that runs SGLang.
+    description: The absolute path of the interpreter that runs SGLang. One of O(python) and O(gpus) is required.
     type: path
-    required: true
   version:
     description: The sglang version that must be installed (exactly, as in its dist-info). Empty accepts any.
     type: str
@@ -46,6 +51,45 @@ options:
     description: How messages name the interpreter, such as the variable it comes from.
     type: str
     default: python
+  gpus:
+    description:
+      - The GPU list to check against this host's GPUs (through NVML, else C(nvidia-smi)). Only reads.
+    type: dict
+    suboptions:
+      devices:
+        description:
+          - The GPUs, in the order the engine gets them, by index, C(GPU-) UUID or C(MIG-) UUID.
+        type: list
+        elements: str
+        required: true
+      tp_size:
+        description: The engine's C(--tp-size).
+        type: int
+        default: 1
+      extra_args:
+        description:
+          - The engine's other arguments. C(--pp-size), C(--dp-size), C(--nnodes), C(--base-gpu-id), C(--gpu-id-step)
+            and C(--enable-dp-attention) (with their aliases) change how many CUDA devices it uses, as SGLang 0.5.23
+            places its ranks.
+        type: list
+        elements: str
+        default: []
+      unit:
+        description:
+          - The systemd unit that runs the engine (C(.service) is added to a name without a unit type). Memory held
+            by its own processes (the engine and its leftovers) and by orphans titled C(sglang::) outside every running
+            unit is accepted - its restart reaps them; memory of any other process refuses the GPU.
+          - Without it, a GPU where any process holds memory is refused.
+        type: str
+      label:
+        description: How messages name the list, such as the variable it comes from.
+        type: str
+        default: gpus
+      backend:
+        description: How to list the GPUs; C(auto) tries NVML through pynvml, then C(nvidia-smi).
+        type: str
+        choices: [auto, nvml, nvidia-smi]
+        default: auto
 """
 
 EXAMPLES = r"""
@@ -56,6 +100,14 @@ EXAMPLES = r"""
     require_script: true
     label: sglang_service_python
   register: sglang
+
+- name: The GPU list can work on this host
+  llmops.inference.sglang_info:
+    gpus:
+      devices: ["2", "3"]
+      tp_size: 2
+      unit: sglang-qwen.service
+      label: sglang_service_gpus
 """
 
 RETURN = r"""
@@ -84,12 +136,47 @@ script:
   returned: when sglang is installed
   type: str
   sample: /opt/sglang/venv/bin/sglang
+gpus:
+  description: What the check of O(gpus) found.
+  returned: when O(gpus) is set and the host's GPUs could be listed
+  type: dict
+  contains:
+    backend:
+      description: How the GPUs were listed (C(nvml) or C(nvidia-smi)).
+      type: str
+    devices:
+      description:
+        - The devices the list names, in its order and each once, as M(llmops.inference.nvidia_reap) reports GPUs.
+      type: list
+      elements: dict
+    holders:
+      description:
+        - The processes holding memory on them, each with C(gpu), C(uuid), C(pid), C(mib), C(title), C(unit) and
+          C(in_reach) (whether a restart of O(gpus.unit) reaps it).
+      type: list
+      elements: dict
+    needed:
+      description: How many CUDA devices the engine's layout uses.
+      type: int
+      sample: 2
+    cuda_devices:
+      description: How many CUDA devices the list gives the engine.
+      type: int
+      sample: 2
+    problems:
+      description: Why the list cannot work, one line each; empty when it can.
+      type: list
+      elements: str
+      sample:
+        - "sglang_service_gpus must name GPUs this host has: 7 is not one of them (this host has 0 (GPU-9f2c...),
+          1 (GPU-41aa...)); got [7]"
 """
 
 import os  # noqa: E402 - Ansible modules import after their docs
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 
+from ansible_collections.llmops.inference.plugins.module_utils.gpu_selection import inspect_gpu_list  # noqa: E402
 from ansible_collections.llmops.inference.plugins.module_utils.module_support import command_runner  # noqa: E402
 from ansible_collections.llmops.inference.plugins.module_utils.sglang_install import (  # noqa: E402
     InstallError,
@@ -97,11 +184,22 @@ from ansible_collections.llmops.inference.plugins.module_utils.sglang_install im
 )
 
 ARGUMENT_SPEC = dict(
-    python=dict(type="path", required=True),
+    python=dict(type="path"),
     version=dict(type="str", default=""),
     min_python=dict(type="str", default="3.11"),
     require_script=dict(type="bool", default=False),
     label=dict(type="str", default="python"),
+    gpus=dict(
+        type="dict",
+        options=dict(
+            devices=dict(type="list", elements="str", required=True),
+            tp_size=dict(type="int", default=1),
+            extra_args=dict(type="list", elements="str", default=[]),
+            unit=dict(type="str"),
+            label=dict(type="str", default="gpus"),
+            backend=dict(type="str", default="auto", choices=["auto", "nvml", "nvidia-smi"]),
+        ),
+    ),
 )
 
 
@@ -141,11 +239,24 @@ def inspect_install(params: dict, run_command) -> tuple:
 
 
 def main():
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
-    facts, problem = inspect_install(module.params, command_runner(module))
-    if problem:
-        module.fail_json(msg=problem, changed=False, **facts)
-    module.exit_json(msg=f"sglang {facts['version']} on Python {facts['python_version']}", changed=False, **facts)
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, required_one_of=[("python", "gpus")], supports_check_mode=True)
+    run_command = command_runner(module)
+    facts, problems, said = {}, [], []
+    if module.params["python"]:
+        facts, problem = inspect_install(module.params, run_command)
+        problems.extend([problem] if problem else [])
+        said.extend([] if problem else [f"sglang {facts['version']} on Python {facts['python_version']}"])
+    if module.params["gpus"]:
+        gpus, gpu_problems, warnings = inspect_gpu_list(module.params["gpus"], run_command)
+        for warning in warnings:
+            module.warn(warning)
+        facts.update({"gpus": gpus} if gpus else {})
+        problems.extend(gpu_problems)
+        gpu_list = f"{module.params['gpus']['label']} [{', '.join(module.params['gpus']['devices'])}]"
+        said.extend([] if gpu_problems else [f"{gpu_list} can work on this host"])
+    if problems:
+        module.fail_json(msg="\n".join(problems), changed=False, **facts)
+    module.exit_json(msg="; ".join(said), changed=False, **facts)
 
 
 if __name__ == "__main__":

@@ -114,7 +114,9 @@ options:
     type: str
   min_gpu_memory_mib:
     description:
-      - MiB the unit's processes must hold on each expected GPU for the model to count as loaded.
+      - MiB the unit's processes must hold on each expected GPU for the model to count as loaded (NVML's
+        per-process figures; without O(unit), or where those are unavailable, the memory in use beyond the driver's
+        reservation, so an idle board's reservation never reads as a loaded model).
     type: int
     default: 1024
   expected_gpus:
@@ -190,8 +192,9 @@ options:
     default: 8
   unaccounted_threshold_mib:
     description:
-      - On an unhealthy host, used memory on an expected GPU that no listed process accounts for counts as memory
-        only a reset frees above this many MiB (it covers the driver's own reservation).
+      - On an unhealthy host, memory in use on an expected GPU beyond the driver's reservation (NVML v2's
+        C(reserved), never counted) that no listed process accounts for counts as memory only a reset frees above
+        this many MiB. Where the driver does not report its reservation apart, all used memory counts.
     type: int
     default: 1024
   fail_on_unhealthy:

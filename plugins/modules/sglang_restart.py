@@ -21,15 +21,20 @@ description:
     model (the message names the model and the healthy workers left), then removes the worker O(gateway_worker_url)
     from every replica and waits until none routes to it (replicas do not share a registry) - each lists it no
     more, or lists it as draining and unhealthy (smg 1.13.0 does so at once and drops it about 5 s later; the
-    engine's own C(/metrics), next, tell what is still in flight). Skipped without O(gateways).
-  - C(drain_wait) - polls the engine's own C(/metrics) until C(sglang:num_running_reqs) and C(sglang:num_queue_reqs)
-    are both 0, at most O(drain_timeout) seconds; a budget that ends first is the status C(expired) with the counts
-    left, and the chain stops the unit anyway. An engine whose C(/metrics) does not answer has nothing to drain.
+    engine's own C(/metrics), next, tell what is still in flight). Skipped without O(gateways). A replica that cannot
+    be reached stops the chain here, or with O(gateway_unreachable=warn) is left aside with a warning naming it; one
+    that stops answering after it accepted the removal routes nothing to the worker and is left aside either way.
+  - C(drain_wait) - waits while the engine's own C(/metrics) shows C(sglang:num_running_reqs) or
+    C(sglang:num_queue_reqs) above 0, at most O(drain_timeout) seconds; a budget that ends first is the status
+    C(expired) with the counts left. These gauges never prove the engine idle (SGLang publishes them every
+    C(decode_log_interval) decode steps, without the batch just admitted or requests still being tokenized) - the
+    stop that follows waits for SGLang's own drain, which counts every request.
   - C(stop) - a unit caught in a restart loop (waiting to restart, starting again after automatic restarts, or
     active again after them while its engine's C(/ready) does not answer 200) is killed with SIGKILL; it serves
     nothing, and a drain would only wait for processes that may ignore SIGTERM. A running unit is stopped with
     C(systemctl stop), which runs its C(ExecStop) drain (the sglang_service role's unit sends SIGTERM to the main
-    process alone and waits until no request is in flight) within C(TimeoutStopSec).
+    process alone and waits until SGLang's own drain has answered every request and the process exited) within
+    C(TimeoutStopSec).
   - C(reset_failed) - clears the failed state and the start counter; systemd counts the chain's own starts against
     C(StartLimitBurst).
   - C(reap) - reaps GPU holders left in the unit's cgroup, then processes titled C(^sglang::) that were orphaned on
@@ -48,10 +53,13 @@ description:
   - A gate that fails on the C(gpu) tier (the unit is active but its processes hold no model) is retried (stop, reap,
     start, gate) up to the unit's C(StartLimitBurst) starts (O(max_starts)); then the chain fails with the gpu tier's
     reason and leaves the last attempt running, so the host does not flap and its state and journal can be read.
-  - C(gateway_add) - with O(gateways), on a pass, adds the worker to every replica (one still listing it as
-    draining first drops that entry) and waits until each reports it healthy (at most O(gateway_wait_timeout)). A
-    failed gate (or a failed stop, reap or start) leaves the worker out of every gateway, and RV(gateway) and
-    RV(msg) say so.
+  - C(gateway_add) - with O(gateways), on a pass, adds the worker to every replica that can be used (one still
+    listing it as draining first drops that entry) and waits until each reports it healthy (at most
+    O(gateway_wait_timeout)). A replica that cannot be used never keeps the worker out of the others - it is back in
+    every one that works - and is named in RV(msg) and RV(gateway); one that cannot be reached then fails the step
+    (O(gateway_unreachable=fail)) or is a warning (O(gateway_unreachable=warn)); one that answers but cannot be used
+    fails it either way. A failed gate (or a failed stop, reap or start) leaves the worker out of every gateway, and
+    RV(gateway) and RV(msg) say so.
   - C(snapshot) - on a pass, saves the known-good snapshot (O(known_good)).
   - On a failure, the result carries the failing step or tier, the probe's reason, the unit's state after
     (ActiveState, SubState, Result, NRestarts, and the start limit when it applies) and the journal's tail.
@@ -247,9 +255,21 @@ options:
     description: Seconds to wait until every gateway has removed the worker, and until every one reports it healthy.
     type: float
     default: 120
+  gateway_unreachable:
+    description:
+      - What a gateway replica that cannot be reached (no connection, no answer in time) does to the chain.
+      - V(fail) - before the removal, the chain fails before anything is stopped; after the gate, the worker is added
+        back to every other replica first, then the C(gateway_add) step fails naming the replica.
+      - V(warn) - the replica is left aside with a warning naming it, before the stop as after the gate, and the
+        chain goes on with the others. Before the stop this trusts that a replica the host cannot reach routes
+        nothing to it either.
+    type: str
+    choices: [fail, warn]
+    default: fail
   drain_timeout:
     description:
-      - Seconds to wait, after the removal from the gateways, until the engine has no running and no queued request.
+      - Seconds to wait at most, after the removal from the gateways, while the engine's C(/metrics) shows requests
+        running or queued. Those gauges never prove the engine idle; the stop that follows waits for SGLang's own drain.
     type: float
     default: 120
   redact:
@@ -465,8 +485,10 @@ gateway:
     - With O(gateways), where the worker is - C(worker_url), C(gateways), C(min_healthy), C(removed_from) (the
       gateways that listed it and removed it, or would in check mode), C(draining_on) (those that still listed it
       as draining when the chain went on), C(drain) (C(idle), C(waited_s), C(running),
-      C(queued)), C(added_to), C(in_gateways) (true once every gateway reports it healthy again, false when it is
-      left out after a failure, null when nothing was changed) and C(detail). Null without O(gateways).
+      C(queued)), C(added_to), C(unreachable) (the replicas left aside because they could not be reached),
+      C(left_out) (the replicas that do not have it back after a failure), C(in_gateways) (true once every gateway
+      reports it healthy again - with O(gateway_unreachable=warn), every one it could reach - false when it is left
+      out of one after a failure, null when nothing was changed) and C(detail). Null without O(gateways).
   returned: always
   type: dict
   sample:
@@ -477,6 +499,8 @@ gateway:
     draining_on: [http://10.0.0.9:30080, http://10.0.0.10:30080]
     drain: {idle: true, waited_s: 2.4, running: 0, queued: 0}
     added_to: [http://10.0.0.9:30080, http://10.0.0.10:30080]
+    unreachable: []
+    left_out: []
     in_gateways: true
     detail: "http://10.0.0.5:30000 healthy on all 2 gateway(s): http://10.0.0.9:30080, http://10.0.0.10:30080"
 plan:
@@ -573,6 +597,7 @@ ARGUMENT_SPEC = dict(
     gateway_worker_url=dict(type="str"),
     gateway_min_healthy=dict(type="int", default=1),
     gateway_wait_timeout=dict(type="float", default=120),
+    gateway_unreachable=dict(type="str", choices=["fail", "warn"], default="fail"),
     drain_timeout=dict(type="float", default=120),
     redact=dict(type="list", elements="str", default=[], no_log=True),
     fail_on_unhealthy=dict(type="bool", default=True),

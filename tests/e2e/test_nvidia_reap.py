@@ -7,8 +7,10 @@ plain `simgpu-claim` started with setsid outside every unit and selector.
 
 from __future__ import annotations
 
+import base64
 import re
 import shlex
+from pathlib import Path
 
 import pytest
 from labutil import SERVICE_PATH, install_unit, sh, wait_ready
@@ -19,6 +21,7 @@ MODULE = "llmops.inference.nvidia_reap"
 VENV_PYTHON = "/opt/sglang/venv/bin/python"
 PORT = 30000
 GRACE = 2
+REPO = Path(__file__).resolve().parents[2]
 
 REAP_UNIT = f"""\
 [Unit]
@@ -148,8 +151,10 @@ def test_reap_unit_leftovers_after_killmode_process_stop(clean_lab, bystanders):
     assert result["unkillable"] == [] and result["unreapable"] == []
     print(f"nvidia_reap: SIGTERM-ignoring schedulers reaped in {result['elapsed_s']}s with grace {GRACE}s")
     # The driver releases memory a moment after its holder is gone: the reap returns only once it has.
-    assert [gpu["used_mib"] for gpu in result["gpus_after"]] == [1 + 1000, 1 + 500]
-    assert gpu_used(lab, host) == [1 + 1000, 1 + 500]
+    # GPUs 0 and 1 keep the bystanders' memory; any further GPU of the host (a 4-GPU lab) is idle.
+    idle = [1] * (len(used) - 2)
+    assert [gpu["used_mib"] - gpu["reserved_mib"] for gpu in result["gpus_after"]] == [1 + 1000, 1 + 500, *idle]
+    assert gpu_used(lab, host) == [1 + 1000, 1 + 500, *idle]
     assert result["released_mib"] > 0
     assert not any(alive(lab, host, pid) for pid in orphans)
 
@@ -174,7 +179,7 @@ def test_reap_orphaned_schedulers_by_pattern_through_nvml(clean_lab, bystanders)
     excluded = {entry["pid"]: entry["reason"] for entry in result["excluded"]}
     assert "t-foreign.service" in excluded.get(foreign, ""), result["excluded"]
     assert plain not in excluded, "a process outside every selector is not in scope"
-    assert [gpu["used_mib"] for gpu in result["gpus_after"]] == [1 + 1000, 1 + 500]
+    assert [gpu["used_mib"] - gpu["reserved_mib"] for gpu in result["gpus_after"]] == [1 + 1000, 1 + 500]
 
     again = lab.module(host, MODULE, args, extra_vars=venv)
     assert again["_rc"] == 0 and again["changed"] is False, again
@@ -350,3 +355,74 @@ def test_an_orphan_on_a_mig_device_is_reaped_by_the_devices_uuid(clean_lab, mig_
     (after,) = result["gpus_after"]
     assert (after["uuid"], after["used_mib"], after["processes"]) == (mine, 1, []), after
     assert not alive(lab, host, orphans[0])
+
+
+GATE_FILES = ("__init__.py", "gpu.py", "procs.py", "gpu_gate.py")
+GATE_DIR = "/tmp/llmops-gate-test"
+RESERVED_FILE = "/var/lib/simgpu/reserved_mib"
+
+
+def install_gate_code(lab, host) -> None:
+    """The collection's GPU code where a unit's gate runs it (the role installs the same files)."""
+    package = f"{GATE_DIR}/ansible_collections/llmops/inference/plugins/module_utils"
+    source = REPO / "plugins" / "module_utils"
+    commands = [f"mkdir -p {package}"]
+    for part in ("ansible_collections", "ansible_collections/llmops", "ansible_collections/llmops/inference"):
+        commands.append(f": > {GATE_DIR}/{part}/__init__.py")
+    commands.append(f": > {GATE_DIR}/ansible_collections/llmops/inference/plugins/__init__.py")
+    for name in GATE_FILES:
+        encoded = base64.b64encode((source / name).read_bytes()).decode() if (source / name).exists() else ""
+        commands.append(f"echo {encoded} | base64 -d > {package}/{name}")
+    sh(lab, host, " && ".join(commands))
+
+
+def gate(lab, host, python: str, backend: str, gpus: str) -> tuple:
+    code = (
+        f"import sys; sys.path.insert(0, {GATE_DIR!r}); "
+        "from ansible_collections.llmops.inference.plugins.module_utils.gpu_gate import main; "
+        f"sys.exit(main(['gpu-free', '--gpus', {gpus!r}, '--threshold-mib', '1024', '--backend', {backend!r}]))"
+    )
+    done = lab.exec(host, f"{python} -c {shlex.quote(code)}")
+    return done.returncode, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("reserved", [600, 1536])
+def test_a_boards_reservation_never_reads_as_a_holder(clean_lab, reserved):
+    """Idle GPUs whose driver reserves 600 or 1536 MiB (NVML v1 used includes it, v2 reports it apart): the GPU-free
+    gate passes them and refuses a GPU with a 2 GiB foreign holder, and the reaper calls no idle GPU "needs a
+    reset", through NVML and through nvidia-smi."""
+    lab = clean_lab
+    host = lab.hosts[0]
+    before = sh(lab, host, f"cat {RESERVED_FILE}").strip()
+    sh(lab, host, f"echo {reserved} > {RESERVED_FILE}")
+    holder = None
+    try:
+        install_gate_code(lab, host)
+        smi = sh(lab, host, "nvidia-smi --query-gpu=memory.used,memory.reserved --format=csv,noheader,nounits")
+        assert smi.split("\n")[0].replace(" ", "") == f"1,{reserved}", smi
+        reap = {"match": "^no-such-process$", "gpus": ["0", "1"], "kill_timeout": 1, "timeout": 5}
+        for python, backend in ((VENV_PYTHON, "nvml"), ("/usr/bin/python3", "nvidia-smi")):
+            rc, out = gate(lab, host, python, backend, "0,1")
+            assert rc == 0, out
+            assert f"GPU 0 1 MiB beyond the driver's {reserved} MiB reservation" in out, out
+            result = lab.module(host, MODULE, reap, extra_vars={"ansible_python_interpreter": python})
+            assert result["_rc"] == 0, result
+            assert result["backend"] == backend
+            assert (result["unreapable"], result["reset_gpus"]) == ([], []), result
+            assert [gpu["reserved_mib"] for gpu in result["gpus_before"]] == [reserved, reserved]
+            assert not any("needs a reset" in warning for warning in result.get("warnings", [])), result
+
+        hold = "setsid simgpu-claim --hold --gpu 1 --mib 2048 </dev/null >/dev/null 2>&1 & echo $!"
+        holder = int(sh(lab, host, hold))
+        sh(lab, host, f"bash -c {shlex.quote(WAIT_HOLDER)} _ {holder}")
+        for python, backend in ((VENV_PYTHON, "nvml"), ("/usr/bin/python3", "nvidia-smi")):
+            rc, out = gate(lab, host, python, backend, "0,1")
+            assert rc == 1, out
+            assert "refusing to start the service: 1 GPU(s) hold more than 1024 MiB" in out, out
+            assert "GPU 1 (GPU-" in out and f"uses 2049 MiB beyond the driver's {reserved} MiB reservation" in out
+            assert f"pid {holder} " in out and "2048 MiB" in out, out
+            assert gate(lab, host, python, backend, "0")[0] == 0
+    finally:
+        if holder is not None:
+            lab.exec(host, f"kill -KILL {holder}")
+        lab.exec(host, f"echo {before} > {RESERVED_FILE}; rm -rf {GATE_DIR}")

@@ -8,7 +8,6 @@ hosts (orphaned schedulers) and a model that never loads are the molecule scenar
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 import yaml
@@ -57,12 +56,12 @@ def test_fresh_host_serves_quoted_arguments_and_a_rerun_changes_nothing(clean_la
     assert first.ok, first.output
     gate = first.gate()
     assert gate["healthy"] is True, gate
-    assert set(gate["gpu_memory_mib"]) == {"0", "1"}
+    assert {"0", "1"} <= set(gate["gpu_memory_mib"])  # the unit's GPUs, among all the host has
 
     unit = sh(clean_lab, host, f"cat /etc/systemd/system/{UNIT}")
     for line in (
         "KillMode=control-group",
-        "TimeoutStopSec=10",
+        "TimeoutStopSec=15",
         "Restart=on-failure",
         "StartLimitBurst=3",
         f"EnvironmentFile=/etc/llmops/{NAME}.env",
@@ -73,7 +72,7 @@ def test_fresh_host_serves_quoted_arguments_and_a_rerun_changes_nothing(clean_la
         assert line in unit
     assert "ExecStartPre=" in unit and "gpu-free --gpus 0,1" in unit
     assert "ExecStartPost=" in unit and "ready --url http://127.0.0.1:30000/health" in unit
-    assert "ExecStop=" in unit and "drain --url http://127.0.0.1:30000 --timeout 5" in unit
+    assert "ExecStop=" in unit and "drain --url http://127.0.0.1:30000 --timeout 12" in unit
     assert "s3cret" not in unit
     assert sh(clean_lab, host, f"stat -c %a /etc/llmops/{NAME}.env").strip() == "600"
     # The key reaches the engine through the --config file, byte for byte, and never its command line.
@@ -145,8 +144,8 @@ def test_crash_on_load_ends_failed_within_the_start_limit(clean_lab, tmp_path):
     state = show(clean_lab, host)
     assert int(state["NRestarts"]) <= 3
     assert "Start request repeated too quickly" in sh(clean_lab, host, f"journalctl -u {UNIT} --no-pager -n 50")
-    time.sleep(3)
-    assert show(clean_lab, host) == state
+    # Ended by the start limit: systemd starts the unit no more (no restart job is pending, whatever the wait).
+    assert sh(clean_lab, host, f"systemctl list-jobs --no-legend {UNIT}").strip() == "", state
 
 
 @pytest.mark.parametrize(

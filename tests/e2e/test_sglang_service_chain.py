@@ -212,12 +212,15 @@ def test_a_key_the_engine_logs_is_redacted_from_the_failure_even_at_vvv(clean_la
         # The engine reads the key from its --config file and logs it, as SGLang does.
         "sglang_service_launch_module": "llmops_test_engine",
         "sglang_service_environment": {"SGLANG_SIM_FAULTS": "crash-on-load", "LLMOPS_TEST_CONFIG_TO_ARGS": "1"},
+        # Without the log filter the key reaches the journal (systemd 252 has no LogFilterPatterns=).
+        "sglang_service_log_filter": False,
     }
     run = run_play(clean_lab, tmp_path, host, "service_role", settings, verbosity=3)
     assert not run.ok
+    assert "WARNING: sglang_service_log_filter is false and systemd on" in run.output
     assert "last 30 journal lines:" in run.output
     # SGLang 0.5.23 logs server_args as a dict (srt/entrypoints/engine.py), and so does the lab's engine.
-    assert "'api_key': ********" in run.output
+    assert "'api_key': '********'" in run.output
     assert KEY in sh(clean_lab, host, f"journalctl -u {UNIT} --no-pager -n 200"), "the engine did not log its key"
     hits = [line for line in run.output.splitlines() if KEY in line]
     assert hits == [], hits
@@ -316,3 +319,38 @@ def test_gpu_memory_that_cannot_be_freed_stops_the_chain_before_the_start(clean_
     assert f"{UNIT} restart chain failed at reap: GPU 1 needs a reset or a reboot" in run.output
     state = unit_show(clean_lab, host, UNIT)
     assert state["ActiveState"] in ("inactive", "failed") and state["MainPID"] == "0"
+
+
+# Left by a server started by hand whose shell is gone: outside every unit, below the GPU-free gate's threshold, so
+# only the chain's reap of orphans ends it (an unclean stop, as the chain sees it).
+ORPHAN = (
+    "setsid bash -c 'exec -a sglang::scheduler_TP1 python3 /usr/local/bin/simgpu-claim --hold --gpu 1 --mib 512' "
+    "</dev/null >/dev/null 2>&1 & echo $!"
+)
+
+
+def test_a_restart_that_reaps_leftover_holders_soaks_the_new_engine(clean_lab, tmp_path):
+    host = clean_lab.hosts[0]
+    first = run_play(clean_lab, tmp_path, host, "service_role", label="first")
+    assert first.ok, first.output
+    assert first.gate()["soak"] == 0
+    orphan = int(sh(clean_lab, host, ORPHAN))
+    wait_until(
+        lambda: str(orphan) in sh(clean_lab, host, "nvidia-smi --query-compute-apps=pid --format=csv,noheader"),
+        10,
+        f"the orphan {orphan} to hold GPU memory",
+        interval=0.2,
+    )
+
+    run = run_play(clean_lab, tmp_path, host, "service_role", {"sglang_service_served_model_name": "soaked"}, "second")
+
+    assert run.ok, run.output
+    gate = run.gate()
+    assert orphan in [entry["pid"] for entry in gate["reaped"]], gate["reaped"]
+    assert gate["soak"] == 3  # sglang_service_probe_soak's default
+    soak = next(tier for tier in gate["tiers"] if tier["name"] == "soak")
+    assert soak["status"] == "ok" and soak["reason"].startswith("3 requests"), soak
+    # On the engine: the gate's generation and the soak's three, as the new engine's access log has them.
+    invocation = sh(clean_lab, host, f"systemctl show -P InvocationID {UNIT}").strip()
+    access = sh(clean_lab, host, f"journalctl --no-pager -o cat _SYSTEMD_INVOCATION_ID={invocation}")
+    assert len(re.findall(r'"POST /generate HTTP/1\.1" 200', access)) == 1 + 3, access[-3000:]

@@ -59,8 +59,9 @@ GPU_VIEW = textwrap.dedent("""
     for index in range(pynvml.nvmlDeviceGetCount()):
         handle = pynvml.nvmlDeviceGetHandleByIndex(index)
         memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+        reserved = pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2).reserved
         procs = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
-        gpus.append({"index": index, "used_mib": memory.used // 2**20,
+        gpus.append({"index": index, "used_mib": memory.used // 2**20, "reserved_mib": reserved // 2**20,
                      "processes": {str(p.pid): p.usedGpuMemory // 2**20 for p in procs}})
     pynvml.nvmlShutdown()
     print(json.dumps(gpus))
@@ -141,7 +142,7 @@ def unit_show(lab, host: str, unit: str) -> dict[str, str]:
 
 def test_tp2_unit_holds_gpu_memory_and_generates(clean_lab):
     lab, host = clean_lab, clean_lab.hosts[0]
-    install_unit(lab, host, "t-sim.service", "--tp-size 2")
+    install_unit(lab, host, "t-sim.service", "--tp-size 2 --enable-metrics")
     wait_healthy(lab, host)
     schedulers = scheduler_pids(lab, host)
     assert sorted(schedulers.values()) == ["sglang::scheduler_TP0", "sglang::scheduler_TP1"]
@@ -156,30 +157,36 @@ def test_tp2_unit_holds_gpu_memory_and_generates(clean_lab):
     assert all(mib > 60000 for mib in held.values()) and all(gpu["used_mib"] > 60000 for gpu in gpus[:2])
     assert compute_apps(lab, host) == held
 
-    timings = json.loads(
+    # 32 requests at once run as one batch: the scheduler publishes a running batch of more than one request (every
+    # 40 decode steps, so each request is long enough to be seen running), whatever the machine's speed.
+    batched = json.loads(
         run_python(
             lab,
             host,
             HOST_HTTP
             + textwrap.dedent("""
+        import re, threading
         from concurrent.futures import ThreadPoolExecutor
-        body = {"text": "Benchmark prompt.", "sampling_params": {"max_new_tokens": 64, "temperature": 0}}
-        call("/generate", body)
-        singles = []
-        for _ in range(5):
-            started = time.monotonic(); call("/generate", body); singles.append(time.monotonic() - started)
-        started = time.monotonic()
+        body = {"text": "Benchmark prompt.", "sampling_params": {"max_new_tokens": 400, "temperature": 0}}
+        seen, done = [0.0], threading.Event()
+        def watch():
+            while not done.is_set():
+                found = re.search(r"^sglang:num_running_reqs(?:{[^}]*})? (\\S+)$", call("/metrics")[1], re.M)
+                seen.append(float(found.group(1)) if found else 0.0)
+                time.sleep(0.005)
+        watcher = threading.Thread(target=watch)
+        watcher.start()
         with ThreadPoolExecutor(32) as pool:
-            statuses = list(pool.map(lambda _: call("/generate", body)[0], range(32)))
-        print(json.dumps({"single_64_tokens_s": sorted(singles)[2], "concurrent_32_s": time.monotonic() - started,
-                          "statuses": sorted(set(statuses))}))
+            statuses = list(pool.map(lambda _: call("/generate", body, timeout=120)[0], range(32)))
+        done.set()
+        watcher.join()
+        print(json.dumps({"largest_running_batch": max(seen), "statuses": sorted(set(statuses))}))
     """),
         )
     )
-    print(f"\nsim on a lab host, 1 ms/token: {timings}")
-    assert timings["statuses"] == [200]
-    assert timings["single_64_tokens_s"] < 0.150
-    assert timings["concurrent_32_s"] < 8 * timings["single_64_tokens_s"] + 0.2
+    print(f"\nsim on a lab host, 32 requests at once: {batched}")
+    assert batched["statuses"] == [200]
+    assert batched["largest_running_batch"] > 1, batched
 
     install_unit(
         lab,
@@ -264,13 +271,18 @@ def test_a_never_loaded_model_looks_active(clean_lab):
                     break
             except OSError:
                 time.sleep(0.1)
-        time.sleep(1.5)  # past the warm-up's start: it never finishes, so /health stays 503
-        print(json.dumps([call("/v1/models")[0], call("/health", timeout=5)[0]]))
+        # A generation never finishes (the model never loaded), so neither does the warm-up: /health stays 503.
+        try:
+            generated = call("/generate", {"text": "Hi", "sampling_params": {"max_new_tokens": 1}}, timeout=3)[0]
+        except OSError:  # the read timed out
+            generated = "no answer"
+        print(json.dumps([call("/v1/models")[0], generated, call("/health", timeout=5)[0]]))
     """),
     )
-    assert json.loads(out) == [200, 503]
+    assert json.loads(out) == [200, "no answer", 503]
     assert sh(lab, host, "systemctl is-active t-sim-noload.service").strip() == "active"
-    assert [gpu["used_mib"] for gpu in gpus_via_pynvml(lab, host)][:2] == [1, 1]
+    # NVML's v1 used holds the driver's reservation; beyond it, an idle board's 1 MiB (nvidia-smi's "1MiB").
+    assert [gpu["used_mib"] - gpu["reserved_mib"] for gpu in gpus_via_pynvml(lab, host)][:2] == [1, 1]
     assert compute_apps(lab, host) == {}
     out = run_python(
         lab,
@@ -493,23 +505,28 @@ def test_gpu_memory_outlives_its_holders_as_on_a_real_driver(clean_lab):
     lab, host = clean_lab, clean_lab.hosts[0]
     code = textwrap.dedent("""
         import json, os, signal, subprocess, time, pynvml as n
+        os.environ["SIMGPU_RELEASE_LAG_MS"] = "5000"  # far longer than a view takes: the lag is seen, however slow
         n.nvmlInit()
         h = n.nvmlDeviceGetHandleByIndex(0)
         def view():
             procs = n.nvmlDeviceGetComputeRunningProcesses(h)
             return [n.nvmlDeviceGetMemoryInfo(h).used >> 20, sorted(p.pid for p in procs)]
         claim = ["simgpu-claim", "--hold", "--gpu", "0", "--mib", "1000"]
+        idle = view()  # the driver's reservation is in `used` (v1), as on a real board
         holder = subprocess.Popen(claim, stdout=subprocess.PIPE)
         holder.stdout.readline()
         held = view()
         holder.kill(); holder.wait()
         lagging = view()
-        time.sleep(0.6)
-        released = view()
-        print(json.dumps({"pid": holder.pid, "held": held, "lagging": lagging, "released": released}))
+        deadline = time.monotonic() + 30
+        while (released := view())[0] == lagging[0] and time.monotonic() < deadline:  # until the lag ends
+            time.sleep(0.1)
+        print(json.dumps({"pid": holder.pid, "idle": idle, "held": held, "lagging": lagging, "released": released}))
     """)
     out = json.loads(run_python(lab, host, code, python=VENV_PYTHON))
-    assert out["held"] == [1001, [out["pid"]]] and out["lagging"] == [1001, []] and out["released"] == [1, []]
+    idle_mib = out["idle"][0]
+    assert out["held"] == [idle_mib + 1000, [out["pid"]]] and out["lagging"] == [idle_mib + 1000, []]
+    assert out["released"] == [idle_mib, []]
     # A zombie whose parent is another unit's process: listed, counted, not killable, not resettable.
     sh(lab, host, "systemd-run --unit t-zombie-parent simgpu-claim --zombie --gpu 1 --mib 5000")
     deadline = time.monotonic() + 20
@@ -527,8 +544,9 @@ def test_gpu_memory_outlives_its_holders_as_on_a_real_driver(clean_lab):
     out = sh(
         lab,
         host,
-        "simgpu-claim --stuck --gpu 1 --mib 700 && sleep 1 && "
-        "nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 1",
+        # Without a release lag, memory left by a gone holder would be free at once: what stays is stuck.
+        "simgpu-claim --stuck --gpu 1 --mib 700 && "
+        "SIMGPU_RELEASE_LAG_MS=0 nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 1",
     )
     assert out.splitlines()[-1] == "701" and compute_apps(lab, host) == {}
     sh(lab, host, "simgpu-claim --reset-gpu 1")

@@ -119,11 +119,13 @@ def test_default_unit_launches_sglang_serve_places_the_engine_and_drains_on_stop
     assert 'Environment="CUDA_DEVICE_ORDER=PCI_BUS_ID" "CUDA_VISIBLE_DEVICES=0,1"' in unit
     assert line(unit, "ExecStop=") == (
         "ExecStop=/opt/sglang/venv/bin/python /usr/local/libexec/llmops/llmops_gate.py drain "
-        "--url http://127.0.0.1:30000 --timeout 120 --pid ${MAINPID}"
+        "--url http://127.0.0.1:30000 --timeout 140 --pid ${MAINPID}"
     )
+    # The stop waits for SGLang's own drain: budget 120 + its 5 s check + scheduler exit 15, within TimeoutStopSec.
+    assert "The wait is at most 140 s" in unit
     assert "gpu-free --gpus 0,1 --threshold-mib 1024 --wait 30 --unit sglang-t.service" in unit
     assert "ready --url http://127.0.0.1:30000/health --timeout 1200" in unit
-    for setting in ("KillMode=control-group", "TimeoutStopSec=150", "Restart=on-failure", "StartLimitBurst=3"):
+    for setting in ("KillMode=control-group", "TimeoutStopSec=155", "Restart=on-failure", "StartLimitBurst=3"):
         assert setting in unit.splitlines()
 
 
@@ -139,6 +141,43 @@ def test_gpus_by_uuid_and_mig_reach_cuda_visible_devices_and_the_gate(render):
     unit = render("sglang.service.j2", sglang_service_gpus=gpus)
     assert f'"CUDA_VISIBLE_DEVICES={",".join(gpus)}"' in unit
     assert f"gpu-free --gpus {','.join(gpus)} " in unit
+
+
+def test_gpu_uuids_reach_cuda_visible_devices_as_the_hosts_indexes(render):
+    """SGLang's custom all-reduce parses CUDA_VISIBLE_DEVICES with int(): preflight's look at the host's GPUs turns
+    GPU UUIDs into indexes there, in the list's order; the gate keeps the UUIDs."""
+    gpus = ["GPU-3b1c0f1e-0000-4000-8000-000000000002", "GPU-3b1c0f1e-0000-4000-8000-000000000000"]
+    host = {"gpus": {"devices": [{"index": 2, "uuid": gpus[0]}, {"index": 0, "uuid": gpus[1]}]}}
+    unit = render("sglang.service.j2", sglang_service_gpus=gpus, __sglang_service_gpu_host=host)
+    assert 'Environment="CUDA_DEVICE_ORDER=PCI_BUS_ID" "CUDA_VISIBLE_DEVICES=2,0"' in unit
+    assert f"gpu-free --gpus {','.join(gpus)} " in unit
+
+
+def test_a_mig_device_keeps_its_uuid_in_cuda_visible_devices(render):
+    mig = "MIG-5c3d7e2a-0000-4000-8000-000000000001"
+    host = {"gpus": {"devices": [{"index": 0, "uuid": mig, "mig_index": 1, "parent_uuid": "GPU-a"}]}}
+    unit = render(
+        "sglang.service.j2", sglang_service_gpus=[mig], sglang_service_tp_size=1, __sglang_service_gpu_host=host
+    )
+    assert f'"CUDA_VISIBLE_DEVICES={mig}"' in unit
+
+
+def test_the_cuda_toolkit_is_exported_with_its_bin_on_path(render):
+    unit = render("sglang.service.j2", sglang_service_cuda_home="/opt/cuda-12.8")
+    assert line(unit, 'Environment="CUDA_HOME') == 'Environment="CUDA_HOME=/opt/cuda-12.8"'
+    assert line(unit, 'Environment="PATH') == (
+        'Environment="PATH=/opt/sglang/venv/bin:/opt/cuda-12.8/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin'
+        ':/sbin:/bin"'
+    )
+
+
+@pytest.mark.parametrize(("found", "home"), [(True, "/usr/local/cuda"), (False, None)])
+def test_the_cuda_toolkit_defaults_to_usr_local_cuda_where_it_holds_nvcc(render, found, home):
+    nvcc = {"results": [{"item": "/usr/local/cuda/bin", "stat": {"exists": found}}]}
+    unit = render("sglang.service.j2", __sglang_service_nvcc=nvcc)
+    homes = [entry for entry in unit.splitlines() if entry.startswith('Environment="CUDA_HOME')]
+    assert homes == ([f'Environment="CUDA_HOME={home}"'] if home else [])
+    assert ("/usr/local/cuda/bin:" in line(unit, 'Environment="PATH')) is found
 
 
 def test_the_api_key_goes_to_the_config_file_never_to_the_unit(render):

@@ -12,6 +12,8 @@ def nvml_proc(pid, used):
 
 
 NOT_SUPPORTED, NO_PERMISSION, NOT_FOUND, FUNCTION_NOT_FOUND = 3, 4, 6, 13
+ARGUMENT_VERSION_MISMATCH = 25
+NVML_MEMORY_V2 = 0x02000028
 ERROR_TEXT = {
     NOT_SUPPORTED: "Not Supported",
     NO_PERMISSION: "Insufficient Permissions",
@@ -34,9 +36,12 @@ class FakeNVMLError(Exception):
 class Device:
     """One device of FakeNvml: a whole GPU, or a MIG device (``gi``/``ci`` set). ``fail`` maps a query to an error."""
 
-    def __init__(self, name, uuid, total_mib, used_mib, processes=(), mig=None, fail=None, gi=None, ci=None):
+    def __init__(
+        self, name, uuid, total_mib, used_mib, processes=(), mig=None, fail=None, gi=None, ci=None, reserved_mib=None
+    ):
         self.name, self.uuid = name, uuid
         self.total, self.used = total_mib * MIB, used_mib * MIB
+        self.reserved = reserved_mib  # the driver's reservation, part of used_mib (v1); None: no v2 query
         self.processes = [nvml_proc(pid, mib * MIB) for pid, mib in processes]
         self.mig = mig  # None: no MIG support; else {slot: Device} of a GPU in MIG mode
         self.fail = fail or {}
@@ -57,6 +62,8 @@ class FakeNvml(types.SimpleNamespace):
     NVML_ERROR_NOT_FOUND = NOT_FOUND
     NVML_ERROR_FUNCTION_NOT_FOUND = FUNCTION_NOT_FOUND
     NVML_DEVICE_MIG_ENABLE = 1
+    NVML_ERROR_ARGUMENT_VERSION_MISMATCH = ARGUMENT_VERSION_MISMATCH
+    nvmlMemory_v2 = NVML_MEMORY_V2
 
     def __init__(self, devices, count_error=None):
         super().__init__(calls=[])
@@ -83,8 +90,17 @@ class FakeNvml(types.SimpleNamespace):
     def nvmlDeviceGetUUID(self, handle):
         return handle.answer("uuid", handle.uuid)
 
-    def nvmlDeviceGetMemoryInfo(self, handle):
-        return handle.answer("memory", types.SimpleNamespace(total=handle.total, used=handle.used))
+    def nvmlDeviceGetMemoryInfo(self, handle, version=None):
+        if version is None:
+            return handle.answer("memory", types.SimpleNamespace(total=handle.total, used=handle.used))
+        if version != NVML_MEMORY_V2:
+            raise FakeNVMLError(ARGUMENT_VERSION_MISMATCH)
+        if handle.reserved is None:
+            raise FakeNVMLError(FUNCTION_NOT_FOUND)  # a driver before R510: no nvmlDeviceGetMemoryInfo_v2
+        reserved = handle.reserved * MIB
+        return handle.answer(
+            "memory_v2", types.SimpleNamespace(total=handle.total, reserved=reserved, used=handle.used - reserved)
+        )
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle):
         return handle.answer("processes", handle.processes)

@@ -134,6 +134,8 @@ class FakeGpus:
         self.queries = 0
         self.stuck = set()
         self.unlisted = {}
+        # The driver's reservation (NVML v2's ``reserved``), counted in used; None: a driver that does not report it.
+        self.reserved_mib = None
 
     def claim(self, pid: int, gpu: int, mib: int | None) -> None:
         self.claims[(pid, gpu)] = mib
@@ -156,8 +158,11 @@ class FakeGpus:
             processes = [GpuProcess(pid, mib) for pid, mib in claims if self._listed(pid)]
             releasing = sum(mib or 0 for pid, mib in claims if not self._listed(pid) and self._releasing(pid))
             used = 1 + sum(p.used_mib or 0 for p in processes) + releasing + self.unlisted.get(index, 0)
+            used += self.reserved_mib or 0
             uuid = f"GPU-00000000-0000-4000-8000-00000000000{index}"
-            gpus.append(Gpu(index, uuid, "NVIDIA H100 80GB HBM3", self.total_mib, used, processes))
+            gpu = Gpu(index, uuid, "NVIDIA H100 80GB HBM3", self.total_mib, used, processes)
+            gpu.reserved_mib = self.reserved_mib
+            gpus.append(gpu)
         return self.backend, gpus
 
 

@@ -80,11 +80,14 @@ def test_auto_falls_back_to_nvidia_smi_when_nvml_fails():
     answers = {
         gpu.SMI_GPU_QUERY[0]: "0, GPU-aaaa, NVIDIA H100 80GB HBM3, 44901, 81559\n",
         gpu.SMI_APPS_QUERY[0]: "321, GPU-aaaa, 44900\n",
+        gpu.SMI_RESERVED_QUERY[0]: "GPU-aaaa, 454\n",
         "-L": "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-aaaa)\n",
     }
     backend, gpus = gpu.query_gpus("auto", run_command=lambda args: (0, answers[args[1]], ""), nvml=nvml)
     assert backend == "nvidia-smi"
     assert gpus[0].processes[0].as_dict() == {"pid": 321, "used_mib": 44900}
+    # R510+ nvidia-smi leaves the reservation out of memory.used; used_mib holds it, as NVML's v1 used does.
+    assert (gpus[0].used_mib, gpus[0].reserved_mib, gpus[0].in_use_mib) == (44901 + 454, 454, 44901)
 
 
 def test_auto_names_both_failures():
@@ -123,6 +126,8 @@ def test_nvidia_smi_parsing_with_missing_values_and_commas_in_names():
 
     def run(args):
         calls.append(args)
+        if args[1] not in answers:
+            return 2, 'Field "memory.reserved" is not a valid field to query.\n', ""
         return 0, answers[args[1]], ""
 
     backend, gpus = gpu.query_gpus("nvidia-smi", run_command=run)
@@ -131,6 +136,7 @@ def test_nvidia_smi_parsing_with_missing_values_and_commas_in_names():
     assert calls[1] == ["nvidia-smi", *gpu.SMI_APPS_QUERY]
     assert gpus[1].name == "NVIDIA A100-SXM4-80GB, Rev B"
     assert (gpus[1].used_mib, gpus[1].total_mib) == (None, 81920)
+    assert (gpus[0].used_mib, gpus[0].reserved_mib) == (44901, None)  # an nvidia-smi before R510: no reservation apart
     assert [p.as_dict() for p in gpus[1].processes] == [{"pid": 322, "used_mib": None}, {"pid": 323, "used_mib": None}]
     assert [p.pid for p in gpus[0].processes] == [321]
 
@@ -251,6 +257,7 @@ def test_a_failed_device_count_still_falls_back_to_nvidia_smi():
         gpu.SMI_GPU_QUERY[0]: "0, GPU-aaaa, NVIDIA H100 80GB HBM3, 1, 81559\n",
         gpu.SMI_APPS_QUERY[0]: "",
         "-L": "",
+        gpu.SMI_RESERVED_QUERY[0]: "",
     }
     backend, gpus = gpu.query_gpus(
         "auto", run_command=lambda args: (0, answers[args[1]], ""), nvml=FakeNvml([], count_error=NO_PERMISSION)
@@ -271,6 +278,7 @@ def test_nvidia_smi_lists_mig_devices_from_dash_l_with_unknown_memory():
             "0, GPU-aaaa, NVIDIA A100-SXM4-80GB, 30026, 81920\n1, GPU-bbbb, NVIDIA A100-SXM4-80GB, 1, 81920\n"
         ),
         gpu.SMI_APPS_QUERY[0]: "4242, GPU-aaaa, [N/A]\n",
+        gpu.SMI_RESERVED_QUERY[0]: "GPU-aaaa, [N/A]\nGPU-bbbb, 763\n",
         "-L": SMI_LIST_MIG,
     }
     backend, gpus = gpu.query_gpus("nvidia-smi", run_command=lambda args: (0, answers[args[1]], ""))
@@ -328,6 +336,7 @@ def test_memory_without_a_live_holder_on_mig_devices_names_the_device():
 def test_nvidia_smi_lists_mig_devices_once_per_runner():
     answers = {gpu.SMI_GPU_QUERY[0]: "0, GPU-aaaa, NVIDIA A100-SXM4-80GB, 1, 81920\n", gpu.SMI_APPS_QUERY[0]: ""}
     answers["-L"] = SMI_LIST_MIG
+    answers[gpu.SMI_RESERVED_QUERY[0]] = "GPU-aaaa, 763\n"
     calls = []
 
     def run(args):
@@ -337,4 +346,75 @@ def test_nvidia_smi_lists_mig_devices_once_per_runner():
     for _attempt in range(3):
         _backend, gpus = gpu.query_gpus("nvidia-smi", run_command=run)
         assert [g.uuid for g in gpus][:2] == ["GPU-aaaa", "MIG-c6d4f1ef-42e4-5de3-91c7-45d71c87eb3f"]
-    assert calls.count("-L") == 1 and len(calls) == 1 + 3 * 2, "memory polls cost two nvidia-smi runs each"
+    assert calls.count("-L") == 1 and calls.count(gpu.SMI_RESERVED_QUERY[0]) == 1
+    assert len(calls) == 2 + 3 * 2, "memory polls cost two nvidia-smi runs each"
+
+
+# -- the driver's reservation --------------------------------------------------------------------------------
+
+
+def test_nvml_v2_reports_the_drivers_reservation_apart_from_what_processes_hold():
+    devices = [
+        Device("NVIDIA H100 80GB HBM3", "GPU-aaaa", 81559, 455, reserved_mib=454),
+        Device("NVIDIA H100 80GB HBM3", "GPU-bbbb", 81559, 1536 + 2049, [(7, 2048)], reserved_mib=1536),
+    ]
+    _backend, gpus = gpu.query_gpus("nvml", nvml=FakeNvml(devices))
+    idle, held = gpus
+    assert (idle.used_mib, idle.reserved_mib, idle.in_use_mib, idle.errors) == (455, 454, 1, [])
+    assert (held.used_mib, held.reserved_mib, held.in_use_mib, held.listed_mib) == (3585, 1536, 2049, 2048)
+    assert gpu.unlisted_mib(idle) == 1 and gpu.unlisted_mib(held) == 1
+    assert idle.as_dict()["reserved_mib"] == 454
+
+
+def test_without_nvml_v2_the_reservation_is_unknown_and_no_error():
+    # A driver before R510 (no nvmlDeviceGetMemoryInfo_v2), and a pynvml that cannot pass a version.
+    _backend, gpus = gpu.query_gpus("nvml", nvml=FakeNvml([Device("NVIDIA A100", "GPU-a", 40960, 3)]))
+    assert (gpus[0].reserved_mib, gpus[0].in_use_mib, gpus[0].errors) == (None, 3, [])
+    nvml = fake_pynvml([("NVIDIA A100", "GPU-a", 40960 * MIB, 3 * MIB, [])])
+    _backend, gpus = gpu.query_gpus("nvml", nvml=nvml)
+    assert (gpus[0].reserved_mib, gpus[0].in_use_mib, gpus[0].errors) == (None, 3, [])
+
+
+def test_a_failing_reservation_query_is_recorded_and_leaves_used_as_it_is():
+    device = Device("NVIDIA H100", "GPU-a", 81559, 455, reserved_mib=454, fail={"memory_v2": NO_PERMISSION})
+    _backend, gpus = gpu.query_gpus("nvml", nvml=FakeNvml([device]))
+    assert (gpus[0].used_mib, gpus[0].reserved_mib) == (455, None)
+    assert gpus[0].errors == [{"field": "reserved", "error": "Insufficient Permissions"}]
+
+
+@pytest.mark.parametrize("reserved", [600, 1536])
+def test_a_boards_reservation_is_no_memory_without_a_holder(reserved):
+    idle = gpu.Gpu(0, "GPU-a", "H100", 81559, reserved + 1, reserved_mib=reserved)
+    busy = gpu.Gpu(1, "GPU-b", "H100", 81559, reserved + 1 + 2048, [gpu.GpuProcess(7, 2048)], reserved_mib=reserved)
+    stuck = gpu.Gpu(2, "GPU-c", "H100", 81559, reserved + 1 + 5000, [], reserved_mib=reserved)
+    found = gpu.memory_without_live_holder([idle, busy, stuck], lambda pid: FakeLive(), threshold_mib=1024)
+    assert [(entry["gpu"], entry["mib"]) for entry in found] == [(2, 5001)]
+    assert found[0]["evidence"] == (
+        f"5001 MiB used beyond the driver's {reserved} MiB reservation that no listed process holds "
+        "(more than 1024 MiB)"
+    )
+
+
+def test_where_the_reservation_is_unknown_all_used_memory_counts():
+    board = gpu.Gpu(0, "GPU-a", "H100", 81559, 1537)
+    found = gpu.memory_without_live_holder([board], lambda pid: None, threshold_mib=1024)
+    assert [(entry["gpu"], entry["mib"]) for entry in found] == [(0, 1537)]
+
+
+class FakeLive:
+    state, ppid, title, is_alive = "S", 1, "holder", True
+
+
+@pytest.mark.parametrize(
+    ("selectors", "devices", "expected"),
+    [
+        (["GPU-b", "GPU-a"], [{"index": 3, "uuid": "GPU-b"}, {"index": 1, "uuid": "GPU-a"}], ["3", "1"]),
+        (["0", "1"], [{"index": 0, "uuid": "GPU-a"}, {"index": 1, "uuid": "GPU-b"}], ["0", "1"]),
+        (["MIG-x"], [{"index": 0, "uuid": "MIG-x", "mig_index": 2}], ["MIG-x"]),
+        (["GPU-b", "GPU-a"], [], ["GPU-b", "GPU-a"]),
+        (["GPU-b", "GPU-a"], None, ["GPU-b", "GPU-a"]),
+    ],
+    ids=["uuids-to-indexes", "indexes", "mig-keeps-its-uuid", "not-looked-yet", "none"],
+)
+def test_cuda_visible_devices_names_whole_gpus_by_index(selectors, devices, expected):
+    assert gpu.cuda_visible_devices(selectors, devices) == expected

@@ -40,7 +40,7 @@ def check(world, selectors=("0", "1"), threshold=1024, wait=0.0):
 def test_free_gpus_pass(world):
     passed, message = check(world)
     assert passed
-    assert message == "GPUs free for sglang-qwen.service (at most 1024 MiB used each): GPU 0 1 MiB, GPU 1 1 MiB"
+    assert message == "GPUs free for sglang-qwen.service (at most 1024 MiB held each): GPU 0 1 MiB, GPU 1 1 MiB"
 
 
 def test_orphaned_scheduler_is_named_with_pid_title_and_memory(world):
@@ -254,7 +254,7 @@ def test_a_mig_device_is_gated_on_its_own_memory(tmp_path):
             selectors, 1024, unit="u", query=nvml_query(mig_host()), proc_root=str(fake.root), clock=clock
         )
 
-    assert gate([MIG_B]) == (True, "GPUs free for u (at most 1024 MiB used each): GPU 0 MIG device 2 13 MiB")
+    assert gate([MIG_B]) == (True, "GPUs free for u (at most 1024 MiB held each): GPU 0 MIG device 2 13 MiB")
     passed, message = gate([MIG_A])
     assert not passed
     assert message.splitlines()[1] == (
@@ -274,4 +274,25 @@ def test_refusal_marks_zombies_and_unknown_fields(tmp_path):
     assert message.splitlines()[1:] == [
         "GPU 0 (GPU-a) uses 20001 MiB: pid 50 'sglang::scheduler' 20000 MiB (zombie, parent 49: memory still held)",
         "GPU 1 (GPU-b) uses unknown memory (Not Supported): process list unavailable (Insufficient Permissions)",
+    ]
+
+
+@pytest.mark.parametrize("reserved", [600, 1536])
+def test_a_boards_reservation_is_no_holder_but_a_2_gib_foreign_holder_is(world, reserved):
+    proc, _clock, _kernel, gpus = world
+    gpus.reserved_mib = reserved  # NVML v1 counts it as used; v2 reports it apart
+    passed, message = check(world)
+    assert passed, message
+    assert message == (
+        f"GPUs free for sglang-qwen.service (at most 1024 MiB held each): GPU 0 1 MiB beyond the driver's {reserved} "
+        f"MiB reservation, GPU 1 1 MiB beyond the driver's {reserved} MiB reservation"
+    )
+    proc.add(4242, ppid=1, argv=("python3", "train.py"))
+    gpus.claim(4242, 1, 2048)
+    passed, message = check(world)
+    assert not passed
+    assert message.splitlines() == [
+        "refusing to start sglang-qwen.service: 1 GPU(s) hold more than 1024 MiB",
+        f"GPU 1 (GPU-00000000-0000-4000-8000-000000000001) uses 2049 MiB beyond the driver's {reserved} MiB "
+        "reservation: pid 4242 'python3' 2048 MiB",
     ]

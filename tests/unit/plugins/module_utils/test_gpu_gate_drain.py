@@ -74,12 +74,13 @@ class DrainWorld:
         return result, logged
 
 
-def test_drain_signals_the_main_process_alone_and_waits_while_requests_run(tmp_path):
-    world = DrainWorld(tmp_path, [(16, 0), (16, 0), (3, 2), (0, 1), (0, 0), (0, 0)])
+def test_drain_signals_the_main_process_alone_and_waits_for_its_exit(tmp_path):
+    world = DrainWorld(tmp_path, [(16, 0), (3, 2), (0, 1), (0, 0)], exits_at=9.0)
     (drained, message), logged = world.drain()
     assert drained
     assert world.signals == [(500, gpu_gate.signal.SIGTERM)]
-    assert message == "no running or queued request after 1.0 s; main process 500 still exiting"
+    assert message == "main process 500 exited after 9.0 s"
+    # The gauges are logged every DRAIN_LOG_INTERVAL seconds, when they changed.
     assert logged == [
         "draining main process 500: 16 running, 0 queued",
         "draining main process 500: 3 running, 2 queued",
@@ -89,40 +90,46 @@ def test_drain_signals_the_main_process_alone_and_waits_while_requests_run(tmp_p
     assert set(world.clock.sleeps) == {gpu_gate.DRAIN_POLL_INTERVAL}
 
 
-def test_an_idle_engine_drains_in_one_poll_interval(tmp_path):
-    world = DrainWorld(tmp_path, [(0, 0)])
-    (drained, _message), _logged = world.drain()
-    assert drained
-    assert world.clock.now == pytest.approx(gpu_gate.DRAIN_POLL_INTERVAL)
-
-
-def test_one_idle_scrape_between_busy_ones_does_not_end_the_drain(tmp_path):
-    world = DrainWorld(tmp_path, [(1, 0), (0, 0), (1, 0), (0, 0), (0, 0)])
-    (drained, _message), _logged = world.drain()
-    assert drained
-    assert world.scrapes == 5
-
-
-def test_drain_ends_when_the_main_process_exits(tmp_path):
-    world = DrainWorld(tmp_path, [(2, 0)], exits_at=1.0)
+@pytest.mark.parametrize(
+    "answers",
+    [[(0, 0)], [(1, 0), (0, 0), (0, 0), (0, 0)], [None]],
+    ids=["idle-gauges", "gauges-turn-idle", "no-metrics"],
+)
+def test_gauges_that_read_idle_never_end_the_wait(tmp_path, answers):
+    """SGLang publishes its gauges every decode_log_interval decode steps and misses requests just admitted or
+    still in the tokenizer: 0 running and 0 queued on any number of scrapes is no proof that nothing is in flight.
+    Only the main process's exit (its own drain counts every request) ends the wait."""
+    world = DrainWorld(tmp_path, answers, exits_at=6.3)
     (drained, message), _logged = world.drain()
     assert drained
-    assert message == "main process 500 exited after 1.0 s"
+    assert message == "main process 500 exited after 6.3 s"
+    assert world.clock.now == pytest.approx(6.3)
 
 
-def test_without_metrics_the_drain_waits_for_the_exit(tmp_path):
-    world = DrainWorld(tmp_path, [None], exits_at=3.0)
-    (drained, message), logged = world.drain()
-    assert drained
-    assert message.startswith("main process 500 exited after 3.0 s")
-    assert logged == ["draining main process 500: no /metrics"]
+def test_drain_without_a_url_only_waits_for_the_exit(tmp_path):
+    world = DrainWorld(tmp_path, [(1, 0)], exits_at=1.0)
+    result = gpu_gate.drain(
+        500,
+        None,
+        10.0,
+        kill=world.kill,
+        scrape=world.scrape,
+        proc_root=str(world.proc.root),
+        clock=world.clock,
+        sleep=world.sleep,
+    )
+    assert result == (True, "main process 500 exited after 1.0 s")
+    assert world.scrapes == 0
 
 
 def test_drain_budget_ends_the_wait_and_names_what_was_in_flight(tmp_path):
     world = DrainWorld(tmp_path, [(4, 1)])
     (drained, message), _logged = world.drain(timeout=2.0)
     assert not drained
-    assert message == "drain budget of 2 s spent with 4 running, 1 queued; systemd stops the rest of the unit"
+    assert message == (
+        "main process 500 still draining after the budget of 2 s (last seen: 4 running, 1 queued); "
+        "systemd stops the rest of the unit"
+    )
     assert world.clock.now == pytest.approx(2.0)
 
 
@@ -133,13 +140,24 @@ def test_drain_without_a_main_process_returns_at_once(tmp_path):
     assert world.signals == [] and world.scrapes == 0
 
 
+def test_drain_of_a_process_gone_before_the_signal(tmp_path):
+    world = DrainWorld(tmp_path, [(1, 0)])
+
+    def gone(pid, sig):
+        raise ProcessLookupError
+
+    world.kill = gone
+    (drained, message), _logged = world.drain()
+    assert drained and message == "main process 500 already gone"
+
+
 def test_main_drain_reads_an_empty_mainpid_and_always_exits_0(monkeypatch):
     seen = {}
 
     def fake_drain(pid, url, timeout, log):
         seen.update(pid=pid, url=url, timeout=timeout)
         log("draining main process 7: 1 running, 0 queued")
-        return False, "drain budget of 5 s spent with 1 running, 0 queued; systemd stops the rest of the unit"
+        return False, "main process 7 still draining after the budget of 5 s; systemd stops the rest of the unit"
 
     monkeypatch.setattr(gpu_gate, "drain", fake_drain)
     out = io.StringIO()
@@ -148,7 +166,7 @@ def test_main_drain_reads_an_empty_mainpid_and_always_exits_0(monkeypatch):
     assert seen == {"pid": 0, "url": "http://h:1", "timeout": 5.0}
     assert out.getvalue().splitlines() == [
         "llmops-gate drain: draining main process 7: 1 running, 0 queued",
-        "llmops-gate drain: drain budget of 5 s spent with 1 running, 0 queued; systemd stops the rest of the unit",
+        "llmops-gate drain: main process 7 still draining after the budget of 5 s; systemd stops the rest of the unit",
     ]
 
 
@@ -172,3 +190,10 @@ def test_scrape_in_flight_against_a_local_server():
         server.shutdown()
         server.server_close()
     assert gpu_gate.scrape_in_flight(f"http://127.0.0.1:{server.server_port}") is None
+
+
+def test_main_drain_takes_no_url_from_units_that_name_none(monkeypatch):
+    seen = {}
+    monkeypatch.setattr(gpu_gate, "drain", lambda pid, url, timeout, log: seen.update(url=url) or (True, "ok"))
+    assert gpu_gate.main(["drain", "--pid", "7", "--timeout", "5"], io.StringIO(), io.StringIO()) == 0
+    assert seen == {"url": None}

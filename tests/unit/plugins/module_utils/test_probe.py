@@ -817,3 +817,19 @@ def test_gpu_tier_uses_the_gpus_memory_when_its_process_list_is_unavailable(serv
     assert result["gpu_errors"] == [
         {"gpu": 0, "uuid": "GPU-a", "field": "processes", "error": "Insufficient Permissions"}
     ]
+
+
+def test_gpu_tier_without_a_unit_does_not_take_the_drivers_reservation_for_a_model(server):
+    # An idle board whose driver reserves 1536 MiB: NVML v1 reports 1537 MiB used, more than min_gpu_memory_mib.
+    idle = [Gpu(i, f"GPU-{i}", "NVIDIA H100 80GB HBM3", 81559, 1537, reserved_mib=1536) for i in (0, 1)]
+    result = make_probe(server, unit=None, gpus=idle).run()
+    assert_failed(result, "gpu", "GPU 0 has 1 MiB used: model not loaded")
+
+
+@pytest.mark.parametrize("reserved", [600, 1536])
+def test_an_idle_boards_reservation_is_no_memory_needing_a_reset(server, reserved):
+    clock = FakeClock()
+    idle = [Gpu(i, f"GPU-{i}", "NVIDIA H100 80GB HBM3", 81559, reserved + 1, reserved_mib=reserved) for i in (0, 1)]
+    result = make_probe(server, unit_reader=stopped_unit(), gpus=idle, expected_gpus=["0", "1"], clock=clock).run()
+    assert_failed(result, "unit", pattern="not active: ActiveState=inactive")
+    assert (result["state"], result["unreapable"], result["reset_gpus"]) == ("not_serving", [], [])

@@ -583,3 +583,15 @@ def test_real_sigterm_ignoring_process_is_reaped_within_grace_plus_half_a_second
     assert result["reaped"][0]["signals"] == ["SIGTERM", "SIGKILL"]
     assert result["released_mib"] == 50
     assert took <= 0.5 + 0.5, f"reaping took {took:.3f}s"
+
+
+@pytest.mark.parametrize("reserved", [600, 1536])
+def test_a_boards_reservation_never_needs_a_reset(world, reserved):
+    world.gpus.reserved_mib = reserved  # in NVML v1's used; v2 reports it apart
+    result = world.reaper(unit="t-reap.service", grace=1, kill_timeout=1, released_below_mib=1400).run()
+    assert sorted(entry["pid"] for entry in result["reaped"]) == [101, 102]
+    assert (result["unreapable"], result["reset_gpus"]) == ([], [])
+    assert not any("needs a reset" in warning for warning in result["warnings"]), result["warnings"]
+    assert [gpu["reserved_mib"] for gpu in result["gpus_after"]] == [reserved, reserved]
+    assert [gpu["used_mib"] for gpu in result["gpus_after"]] == [reserved + 1 + 1000 + 300, reserved + 1 + 500]
+    assert f"({reserved} reserved by the driver)" in result["diff"]["after"]

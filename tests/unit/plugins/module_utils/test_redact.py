@@ -74,3 +74,11 @@ def test_value_walks_results():
 
 def test_empty_and_non_string_secrets_are_ignored():
     assert Redactor(["", None, 5]).text("plain text") == "plain text"
+
+
+def test_engine_server_args_dict_keeps_the_quotes_around_the_mask():
+    # SGLang 0.5.23 logs server_args as a dict repr (srt/entrypoints/engine.py:1185).
+    line = "server_args={'host': '127.0.0.1', 'api_key': 'abc123', 'admin_api_key': None}"
+    out = Redactor().text(line)
+    assert f"'api_key': '{MASK}'" in out and "abc123" not in out
+    assert "'host': '127.0.0.1'" in out

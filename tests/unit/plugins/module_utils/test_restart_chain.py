@@ -8,13 +8,18 @@ lock are recording stand-ins.
 from __future__ import annotations
 
 import re
+from types import SimpleNamespace
 
 import pytest
 from fake_proc import FakeClock
+from fake_sglang_server import FakeSglang
 
 from ansible_collections.llmops.inference.plugins.module_utils import restart_chain
+from ansible_collections.llmops.inference.plugins.module_utils.gpu import Gpu, GpuProcess
 from ansible_collections.llmops.inference.plugins.module_utils.host_lock import LockBusy, LockError
 from ansible_collections.llmops.inference.plugins.module_utils.known_good import SnapshotError
+from ansible_collections.llmops.inference.plugins.module_utils.probe import SglangProbe
+from ansible_collections.llmops.inference.plugins.module_utils.probe_settings import ProbeSettings
 from ansible_collections.llmops.inference.plugins.module_utils.reaper import ReapError, ReapInputError
 from ansible_collections.llmops.inference.plugins.module_utils.redact import MASK
 from ansible_collections.llmops.inference.plugins.module_utils.restart_chain import (
@@ -22,7 +27,8 @@ from ansible_collections.llmops.inference.plugins.module_utils.restart_chain imp
     RestartChain,
     parse_chain_options,
 )
-from ansible_collections.llmops.inference.plugins.module_utils.sglang import SglangError
+from ansible_collections.llmops.inference.plugins.module_utils.sglang import SglangClient, SglangError
+from ansible_collections.llmops.inference.plugins.module_utils.systemd import UnitState
 
 UNIT = "sglang-t.service"
 KEY = "k3y-s3cret"
@@ -448,8 +454,7 @@ def test_a_restarted_unit_whose_engine_is_ready_is_drained():
     assert result["stop_mode"] == "drain"
 
 
-def test_holders_found_by_the_reap_make_the_probe_soak(monkeypatch):
-    monkeypatch.setattr(restart_chain, "_PROBE_SOAKS", True)
+def test_holders_found_by_the_reap_make_the_probe_soak():
     world = World("loop", orphan_reaps=[{"reaped": [holder(7001), holder(7002, "sglang::scheduler_TP1")]}])
     result = world.run()
     assert result["healthy"] is True
@@ -460,13 +465,42 @@ def test_holders_found_by_the_reap_make_the_probe_soak(monkeypatch):
     assert "reaped 2 holder(s): 7001 'sglang::scheduler_TP0'" in reap["detail"]
 
 
-def test_without_the_probes_soak_option_the_chain_says_it_skipped_the_soak(monkeypatch):
-    monkeypatch.setattr(restart_chain, "_PROBE_SOAKS", False)
-    world = World(orphan_reaps=[{"reaped": [holder()]}])
-    result = world.run()
-    assert result["healthy"] is True
-    assert "soak_requests" not in world.probe.calls[0] and result["soak"] == 0
-    assert any("no soak option" in warning for warning in result["warnings"])
+def test_after_an_unclean_stop_the_probe_the_host_runs_soaks_on_the_engine():
+    """The gate's settings go through ProbeSettings and SglangProbe as on a host (the unit, GPUs and processes read
+    from stand-ins): the soak's generations reach the engine."""
+    server = FakeSglang().start()
+    schedulers = [4001, 4002]
+    running = UnitState(UNIT, "loaded", "active", "running", "success", 4000, 0, {"ExecMainPID": "4000"})
+    gpus = [
+        Gpu(i, f"GPU-{i}", "NVIDIA H100 80GB HBM3", 81559, 69001, [GpuProcess(pid, 69000)])
+        for i, pid in enumerate(schedulers)
+    ]
+
+    def host_probe(settings):
+        checked = ProbeSettings(**settings).validate()
+        return SglangProbe(
+            checked,
+            SglangClient(checked.url, timeout=checked.timeout),
+            unit_reader=lambda unit: running,
+            unit_pids=lambda unit: [4000, *schedulers],
+            gpu_reader=lambda: gpus,
+            process_reader=lambda pid: SimpleNamespace(
+                pid=pid, state="S", ppid=4000, title="sglang::scheduler", is_alive=True
+            ),
+        ).run()
+
+    try:
+        world = World("loop", orphan_reaps=[{"reaped": [holder(7001)]}])
+        world.probe = host_probe
+        result = world.run(url=server.url)
+    finally:
+        server.stop()
+    assert result["healthy"] is True, result
+    assert result["soak"] == PARAMS["soak"] == 3
+    soak = next(tier for tier in result["tiers"] if tier["name"] == "soak")
+    assert soak["status"] == "ok" and soak["reason"].startswith("3 requests"), soak
+    generations = [request for request in server.requests if request["path"] == "/generate"]
+    assert len(generations) == 1 + 3  # the gate's generation, then the soak's
 
 
 def test_daemon_reload_runs_before_the_start_only_when_systemd_asks():
@@ -789,6 +823,15 @@ def test_check_mode_reports_the_plan_and_changes_nothing():
     assert all(check for _scope, _params, check in world.reaper.calls)
     assert result["diff"]["after"] == "ActiveState=active\nSubState=running\nMainPID=(new)\n"
     assert result["msg"].startswith(f"check mode: would restart {UNIT}: in a restart loop")
+
+
+def test_check_mode_before_the_first_install_plans_the_first_start():
+    world = World("inactive", loaded=False)
+    result = world.run(check_mode=True)
+    assert result.get("failed_step") is None and result["changed"] is True, result
+    assert result["plan"]["stop"]["mode"] == "none"
+    assert result["plan"]["start"] == f"systemctl start --no-block {UNIT}"
+    assert world.unit.verbs() == [] and world.store.saves == []
 
 
 def test_check_mode_names_gpu_memory_nobody_can_free():

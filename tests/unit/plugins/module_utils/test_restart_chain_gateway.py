@@ -97,9 +97,12 @@ def test_the_worker_leaves_every_replica_before_the_stop_and_rejoins_each_after_
     assert gateway["removed_from"] == [replica.url for replica in replicas]
     assert gateway["added_to"] == [replica.url for replica in replicas]
     assert gateway["in_gateways"] is True
-    assert gateway["drain"]["idle"] is True and world.scrapes.calls == 4
+    # The wait ends at the first idle reading: the stop waits for SGLang's own drain of what the gauges miss.
+    assert gateway["drain"]["idle"] is True and world.scrapes.calls == 3
     steps = {step["name"]: step for step in result["steps"]}
-    assert steps["drain_wait"]["detail"].startswith("no running and no queued request on the engine")
+    assert steps["drain_wait"]["detail"].startswith(
+        "the engine's gauges show no running and no queued request; the stop waits for SGLang's own drain"
+    )
     assert steps["gateway_add"]["detail"] == f"{ME} healthy on all 2 gateway(s): {replicas[0].url}, {replicas[1].url}"
     assert result["msg"].endswith("and is back in its gateway(s)")
     # Each replica was told on its own: one DELETE and one POST per replica.
@@ -119,7 +122,7 @@ def test_a_drain_budget_that_ends_is_said_in_the_steps_and_the_unit_is_stopped_a
     drain = next(step for step in result["steps"] if step["name"] == "drain_wait")
     assert drain["status"] == "expired"
     assert drain["detail"].startswith(
-        "drain budget of 4 s ended with 3 running and 2 queued request(s) on the engine; stopping anyway"
+        "drain budget of 4 s ended with 3 running and 2 queued request(s) on the engine; the stop waits for SGLang's"
     )
     assert result["gateway"]["drain"] == {"idle": False, "waited_s": 4.0, "running": 3, "queued": 2}
     assert "stop" in world.unit.verbs()
@@ -130,7 +133,7 @@ def test_an_engine_without_metrics_has_nothing_to_drain(replicas):
     world = GatewayWorld(replicas, Scrapes(None))
     result = world.run()
     drain = next(step for step in result["steps"] if step["name"] == "drain_wait")
-    assert drain["status"] == "ok" and "/metrics did not answer: nothing to drain" in drain["detail"]
+    assert drain["status"] == "ok" and "/metrics did not answer; the stop waits for SGLang's own" in drain["detail"]
     assert world.scrapes.calls == 1
 
 

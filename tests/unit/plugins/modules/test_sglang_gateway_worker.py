@@ -130,3 +130,46 @@ def test_bad_options_are_named_and_nothing_is_asked(capsys, fakes, args, option,
     assert result["option"] == option
     assert words in result["msg"]
     assert fake.requests == []
+
+
+# The unreachable option: fail (the default) or warn.
+@pytest.mark.parametrize("state", ["present", "absent"])
+def test_an_unreachable_gateway_fails_by_default_and_nothing_changes(capsys, fakes, state):
+    good = fakes()
+    good.register(OTHER)
+    if state == "absent":
+        good.register(WORKER)
+    down = closed_port_url()
+    result = run_module(capsys, {"gateways": [good.url, down], "worker_url": WORKER, "state": state})
+    assert result["failed"] is True and result["changed"] is False
+    assert f"gateway {down}: cannot reach it" in result["msg"]
+    assert good.mutations() == []
+
+
+@pytest.mark.parametrize(
+    ("state", "listed", "verb"), [("present", [OTHER, WORKER], "added to"), ("absent", [OTHER], "removed from")]
+)
+def test_with_warn_an_unreachable_gateway_is_left_aside_and_named(capsys, fakes, state, listed, verb):
+    good = fakes()
+    good.register(OTHER)
+    if state == "absent":
+        good.register(WORKER)
+    down = closed_port_url()
+    args = {"gateways": [good.url, down], "worker_url": WORKER, "state": state, "unreachable": "warn"}
+    result = run_module(capsys, args)
+    assert result.get("failed") is not True, result
+    assert result["changed"] is True
+    assert good.listed() == sorted(listed)
+    assert result["msg"] == f"{WORKER} {verb} 1 of 2 gateway(s); left aside (cannot be reached): {down}"
+    aside = result["gateways"][1]
+    assert aside["action"] == "unreachable" and aside["problem"].startswith(f"gateway {down}: cannot reach it")
+    assert any(down in summary["event"]["msg"] for summary in result["warnings"])
+
+
+def test_with_warn_a_gateway_that_refuses_the_key_still_fails(capsys, fakes):
+    good = fakes()
+    refusing = fakes(api_key="another-key")
+    args = {"gateways": [good.url, refusing.url], "worker_url": WORKER, "unreachable": "warn"}
+    result = run_module(capsys, args)
+    assert result["failed"] is True and "HTTP 401" in result["msg"]
+    assert good.mutations() == []

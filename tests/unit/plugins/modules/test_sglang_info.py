@@ -98,3 +98,55 @@ def test_the_module_fails_with_the_problem(installed, capsys, monkeypatch, targe
     result = json.loads(capsys.readouterr().out)
     assert result["failed"] is True and "but version 9.9 is required" in result["msg"]
     assert result["version"] == "0.5.23"
+
+
+def run_gpus_mode(capsys, monkeypatch, answer, args) -> dict:
+    """sglang_info with only ``gpus`` set; ``answer`` stands in for inspect_gpu_list."""
+    from ansible.module_utils.testing import patch_module_args
+
+    from ansible_collections.llmops.inference.plugins.modules import sglang_info
+
+    seen = {}
+
+    def inspect(params, run_command):
+        seen.update(params)
+        return answer
+
+    monkeypatch.setattr(sglang_info, "inspect_gpu_list", inspect)
+    with patch_module_args(args), pytest.raises(SystemExit):
+        sglang_info.main()
+    return dict(json.loads(capsys.readouterr().out), seen=seen)
+
+
+def test_the_gpus_mode_needs_no_interpreter_and_passes(capsys, monkeypatch, target_side_ansible):
+    facts = {"backend": "nvml", "devices": [], "holders": [], "needed": 2, "cuda_devices": 2, "problems": []}
+    args = {"gpus": {"devices": ["2", 3], "tp_size": 2, "unit": "sglang-qwen", "label": "sglang_service_gpus"}}
+    result = run_gpus_mode(capsys, monkeypatch, (facts, [], ["processes on GPU 3 unknown"]), args)
+    assert result.get("failed") is not True and result["changed"] is False
+    assert result["msg"] == "sglang_service_gpus [2, 3] can work on this host" and result["gpus"] == facts
+    assert "processes on GPU 3 unknown" in json.dumps(result["warnings"])
+    assert result["seen"] == {
+        "devices": ["2", "3"],
+        "tp_size": 2,
+        "extra_args": [],
+        "unit": "sglang-qwen",
+        "label": "sglang_service_gpus",
+        "backend": "auto",
+    }
+
+
+def test_the_gpus_mode_fails_with_every_problem(capsys, monkeypatch, target_side_ansible):
+    problems = ["sglang_service_gpus must name GPUs this host has: 7 ...", "sglang_service_gpus must name each GPU ..."]
+    result = run_gpus_mode(capsys, monkeypatch, ({"problems": problems}, problems, []), {"gpus": {"devices": ["7"]}})
+    assert result["failed"] is True and result["msg"] == "\n".join(problems)
+
+
+def test_python_or_gpus_is_required(capsys, target_side_ansible):
+    from ansible.module_utils.testing import patch_module_args
+
+    from ansible_collections.llmops.inference.plugins.modules import sglang_info
+
+    with patch_module_args({}), pytest.raises(SystemExit):
+        sglang_info.main()
+    result = json.loads(capsys.readouterr().out)
+    assert result["failed"] is True and "one of the following is required: python, gpus" in result["msg"]
