@@ -232,6 +232,11 @@ def start_filter(redactor: Redactor) -> tuple:
     return out_write, err_write
 
 
+def _say(text: str) -> None:
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
@@ -252,7 +257,7 @@ def main(argv: list | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
-        print(f"{PROG}: no command to run: give it after --", file=sys.stderr)
+        _say(f"{PROG}: no command to run: give it after --")
         return EXIT_USAGE
     secrets = secrets_from_argv(command)
     warnings = []
@@ -266,14 +271,14 @@ def main(argv: list | None = None) -> int:
     try:
         out_write, err_write = start_filter(redactor)
     except OSError as exc:
-        print(f"{PROG}: cannot start the log filter ({exc}); not starting {command[0]} unfiltered", file=sys.stderr)
+        _say(f"{PROG}: cannot start the log filter ({exc}); not starting {command[0]} unfiltered")
         return 1
     os.dup2(out_write, 1)
     os.dup2(err_write, 2)
     os.close(out_write)
     os.close(err_write)
     for warning in warnings:
-        print(warning, file=sys.stderr, flush=True)
+        _say(warning)
     # What subprocess restores before an exec: Python ignores SIGPIPE and SIGXFSZ, and an ignored signal stays
     # ignored across exec.
     for name in ("SIGPIPE", "SIGXFSZ"):
@@ -282,6 +287,6 @@ def main(argv: list | None = None) -> int:
     try:
         os.execvp(command[0], command)
     except OSError as exc:
-        print(f"{PROG}: cannot run {command[0]}: {exc}", file=sys.stderr, flush=True)
+        _say(f"{PROG}: cannot run {command[0]}: {exc}")
         return EXIT_EXEC_FAILED
     return EXIT_EXEC_FAILED  # not reached: execvp returns only by raising

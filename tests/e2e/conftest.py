@@ -45,6 +45,9 @@ systemctl daemon-reload
 pkill -KILL -f '^sglang::' 2>/dev/null
 pkill -KILL -f '[s]glang_sim' 2>/dev/null  # bracket: do not match this script's own command line
 pkill -KILL -f '[s]imgpu-claim' 2>/dev/null
+pkill -KILL -f '^python3 /run/' 2>/dev/null  # load and request clients a failed test left running on the host
+pkill -KILL -f '^timeout [0-9]+ sh -c' 2>/dev/null
+rm -rf /run/systemd/system/{TEST_UNIT_PREFIX}* /run/systemd/system/sglang*
 rm -rf /var/lib/simgpu/claims/* /var/lib/llmops /run/lock/llmops*
 # What the sglang_service tests leave: a service user, test interpreters and engines, config files.
 userdel -r sglang-t 2>/dev/null; groupdel sglang-t 2>/dev/null

@@ -44,7 +44,13 @@ def topology(lab):
     """Engines on both hosts, routed to each other; the gateway role applied to both (its first run kept)."""
     lab.reset()
     for host in pair(lab):
-        sh(lab, host, f"systemctl stop {GATEWAY_UNIT} 2>/dev/null; rm -f /etc/systemd/system/{GATEWAY_UNIT}; true")
+        # A fresh host: nothing of the gateway left by an earlier test on this lab (its venv, its user).
+        sh(
+            lab,
+            host,
+            f"systemctl stop {GATEWAY_UNIT} 2>/dev/null; rm -rf /etc/systemd/system/{GATEWAY_UNIT} /opt/sglang-gateway;"
+            " userdel sglang-gateway 2>/dev/null; groupdel sglang-gateway 2>/dev/null; true",
+        )
     found = {host: address for host, address in connect_hosts(lab).items() if host in pair(lab)}
     for host in pair(lab):
         start_engine(lab, host, KEY)

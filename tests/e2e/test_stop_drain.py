@@ -55,7 +55,7 @@ BEHIND_GATEWAY = {
 BURST = """
 import json, os, sys, threading, time, urllib.request
 tokens, out, sent_file, key = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
-CLIENTS, SPREAD = 16, 0.3
+CLIENTS, SPREAD = 16, 0.15
 results = [None] * CLIENTS
 sent = [None] * CLIENTS
 start = time.monotonic()
@@ -208,7 +208,8 @@ def test_requests_sent_just_before_a_restart_of_an_idle_engine_and_of_a_busy_one
         assert run.gate()["healthy"] is True
         idle = busy_results(lab, host, out)
         began = stop_began(lab, host, mark_idle)
-        assert all(abs(began - record["sent"]) < 0.5 for record in idle), (began, idle)
+        # The chain's own steps between the lock and the stop take a moment on a busy machine: a looser bound.
+        assert all(abs(began - record["sent"]) < 2 for record in idle), (began, idle)
         out = start_busy(lab, host, tokens, "busy_chain")
         run = run_play(lab, tmp_path, host, "service_restart", SERVICE, "busy")
         assert run.ok, run.output
@@ -295,7 +296,7 @@ def test_a_gateway_drained_restart_under_steady_load_loses_nothing(lab, host, tm
     sh(
         lab,
         host,
-        f"rm -f {out}; (python3 /run/loadgen.py --url {GATEWAY} --concurrency 16 --duration 90 --max-new-tokens 60 "
+        f"rm -f {out}; (python3 /run/loadgen.py --url {GATEWAY} --concurrency 16 --duration 180 --max-new-tokens 60 "
         f"--api-key-file /run/stop_drain.key --timeout 120 --out {out}) </dev/null >/dev/null 2>&1 &",
     )
     # Two restarts under the load, each through the gateway drain.
@@ -305,6 +306,8 @@ def test_a_gateway_drained_restart_under_steady_load_loses_nothing(lab, host, tm
         assert run.ok, run.output
         gate = run.gate()
         assert gate["healthy"] is True and gate["gateway"]["in_gateways"] is True, gate
+    # Both restarts ran under the load: it was still sending when the second ended.
+    assert lab.exec(host, "pgrep -f '^python3 /run/loadgen.py'").returncode == 0
     # Only the summary: the records of every request would make a long answer.
     read = f'python3 -c \'import json; print(json.dumps(json.load(open("{out}"))["summary"]))\''
     summary = json.loads(sh(lab, host, f"until [ -s {out} ]; do sleep 0.5; done; {read}", timeout=300))

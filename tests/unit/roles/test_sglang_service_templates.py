@@ -283,3 +283,45 @@ def test_config_file_refuses_a_key_with_a_line_break_without_showing_it(render):
 def test_every_template_starts_with_ansible_managed(render):
     for template in sorted(os.listdir(ROLE / "templates")):
         assert (ROLE / "templates" / template).read_text().startswith("{{ ansible_managed | comment }}"), template
+
+
+# With an API key the engine runs through the log filter (base unit and speculative drop-in); with the filter off,
+# journald >= 253 drops SGLang's server_args= lines.
+LOG_FILTER_KEY = "s3cret-key"
+LOG_FILTER_PREFIX = (
+    "/opt/sglang/venv/bin/python /usr/local/libexec/llmops/llmops_log_filter.py "
+    "--secrets-file /etc/llmops/sglang-t.yaml -- "
+)
+
+
+def test_with_a_key_the_engine_is_exec_d_by_the_log_filter(render):
+    unit = render("sglang.service.j2", sglang_service_api_key=LOG_FILTER_KEY)
+    exec_start = line(unit, "ExecStart=")
+    engine = "/opt/sglang/venv/bin/sglang serve --model-type llm "
+    assert exec_start.startswith("ExecStart=" + LOG_FILTER_PREFIX + engine)
+    assert exec_start.endswith("--config /etc/llmops/sglang-t.yaml")
+    assert LOG_FILTER_KEY not in unit and "LogFilterPatterns" not in unit
+
+
+def test_the_speculative_dropin_runs_the_engine_through_the_filter_too(render):
+    dropin = render(
+        "speculative.conf.j2",
+        sglang_service_api_key=LOG_FILTER_KEY,
+        sglang_service_speculative_algorithm="EAGLE",
+        sglang_service_speculative_num_steps=3,
+    )
+    assert dropin.splitlines()[-1].startswith("ExecStart=" + LOG_FILTER_PREFIX)
+
+
+def test_without_a_key_there_is_no_filter(render):
+    unit = render("sglang.service.j2")
+    assert "llmops_log_filter" not in line(unit, "ExecStart=")
+
+
+def test_filter_off_drops_server_args_lines_on_systemd_253_only(render):
+    off = {"sglang_service_api_key": LOG_FILTER_KEY, "sglang_service_log_filter": False}
+    new = render("sglang.service.j2", ansible_facts={"systemd": {"version": 253}}, **off)
+    assert "llmops_log_filter" not in line(new, "ExecStart=")
+    assert "LogFilterPatterns=~server_args=" in new.splitlines()
+    old = render("sglang.service.j2", ansible_facts={"systemd": {"version": 252}}, **off)
+    assert "LogFilterPatterns" not in old

@@ -176,7 +176,7 @@ def race(lock_path, runs, gap=0.02):
         time.sleep(gap)
     answers = {}
     for proc in procs:
-        out, _ = proc.communicate(timeout=60)
+        out, _err = proc.communicate(timeout=60)
         answer = json.loads(out)
         answers[answer["name"]] = answer
     return answers
@@ -184,7 +184,7 @@ def race(lock_path, runs, gap=0.02):
 
 @pytest.mark.parametrize("order", [("one", "two"), ("two", "one")])
 def test_two_runs_started_together_both_take_the_lock_and_both_release_it(lock_path, order):
-    for _ in range(10):
+    for _attempt in range(10):
         answers = race(lock_path, [(name, 10, 0.3) for name in order])
         for name, answer in answers.items():
             assert answer["error"] is None and answer["busy"] is None, answer
@@ -206,7 +206,7 @@ def test_a_release_succeeds_while_the_next_run_holds_the_lock_longer_than_the_re
 @pytest.mark.parametrize("order", [("patient", "impatient"), ("impatient", "patient")])
 def test_a_waiter_that_gives_up_says_so_and_the_holder_still_releases(lock_path, order):
     timeouts = {"patient": 10, "impatient": 0.1}
-    for _ in range(10):
+    for _attempt in range(10):
         answers = race(lock_path, [(name, timeouts[name], 0.3) for name in order], gap=0.05)
         assert answers["patient"]["took"] is True, answers
         for answer in answers.values():
@@ -229,7 +229,7 @@ def test_break_with_a_run_waiting_frees_the_lock_for_that_run(lock_path):
     answer = host_lock.break_lock(lock_path)
 
     assert answer["changed"] is True and answer["broken"]["owner"] == {"play": "stuck"}
-    out, _ = waiter.communicate(timeout=30)
+    out, _err = waiter.communicate(timeout=30)
     answer = json.loads(out)
     assert (answer["took"], answer["released"], answer["error"]) == (True, True, None), answer
     assert answer["owner_seen"] == {"run": "waiter"}
