@@ -48,7 +48,9 @@ def launched_served_name(lab, host: str) -> str:
 def test_two_runs_at_once_each_report_what_they_did_in_either_order(clean_lab, tmp_path):
     host = clean_lab.hosts[0]
     for order in (("a", "b"), ("b", "a")):
-        runs = [(f"{name}-{order[0]}-first", {"sglang_service_served_model_name": f"run-{name}"}) for name in order]
+        # Names new to the host in each order, so that both runs change it and restart through the chain.
+        labels = [f"{name}-{order[0]}-first" for name in order]
+        runs = [(label, {"sglang_service_served_model_name": f"run-{label}"}) for label in labels]
 
         done = together(clean_lab, tmp_path, host, runs)
 
@@ -58,6 +60,6 @@ def test_two_runs_at_once_each_report_what_they_did_in_either_order(clean_lab, t
         waited = {label: float(WAITED.search(run.output).group(1)) for label, run in done.items()}
         last = max(waited, key=waited.get)
         assert waited[last] > 1, f"order {order}: the runs did not contend for the lock: {waited}"
-        assert launched_served_name(clean_lab, host) == served_name(clean_lab, host) == f"run-{last[0]}"
+        assert launched_served_name(clean_lab, host) == served_name(clean_lab, host) == f"run-{last}"
         assert sh(clean_lab, host, f"systemctl is-active {UNIT}").strip() == "active"
         assert lock_held(clean_lab, host, LOCK) is False

@@ -10,9 +10,13 @@ import json
 import subprocess
 import tarfile
 import time
+from pathlib import Path
 
 import pytest
-from conftest import LAB_CLI, REPO
+
+# Both conftest modules (tests/e2e and tests/lab/tests) are named conftest: take nothing from either by name.
+REPO = Path(__file__).resolve().parents[2]
+LAB_CLI = REPO / "tests" / "lab" / "lab"
 
 pytestmark = pytest.mark.lab
 

@@ -285,7 +285,8 @@ def test_memory_left_by_a_process_that_no_longer_exists_is_unreapable(clean_lab,
     assert result["_status"].startswith("FAILED"), result
     # 30000 MiB of the gone PID plus the driver's 1 MiB, beside the plain holder's 500 MiB.
     assert result["msg"] == (
-        "GPU 1 needs a reset or a reboot: 30001 MiB used that no listed process holds (more than 1024 MiB)"
+        "GPU 1 needs a reset or a reboot: 30001 MiB used beyond the driver's 454 MiB reservation that no listed "
+        "process holds (more than 1024 MiB)"
     ), result["msg"]
     assert [(entry["gpu"], entry["pid"], entry["state"], entry["mib"]) for entry in result["unreapable"]] == [
         (1, None, None, 30001)
