@@ -211,16 +211,33 @@ def teardown(state: LabState) -> list[str]:
     return leftovers
 
 
-def remove_cgroups(state: LabState) -> None:
-    """Remove the lab's cgroup trees, deepest first (a cgroup that still has processes stays)."""
-    for top in host_cgroups(state):
-        if not top.is_dir():
-            continue
-        for directory, _subdirs, _files in sorted(os.walk(top), key=lambda entry: len(entry[0]), reverse=True):
-            try:
-                os.rmdir(directory)
-            except OSError:
-                pass
+def remove_cgroups(state: LabState, timeout: float = 15.0) -> None:
+    """Remove the lab's cgroup trees, deepest first. A container whose nspawn was killed still has processes dying
+    in them for a moment (longer on a busy machine): they are SIGKILLed and the removal tried again until it holds
+    or ``timeout`` passes (what stays is then reported as a leftover)."""
+
+    def removed() -> bool:
+        for top in host_cgroups(state):
+            if not top.is_dir():
+                continue
+            for directory, _subdirs, _files in sorted(os.walk(top), key=lambda entry: len(entry[0]), reverse=True):
+                _kill_members(Path(directory))
+                try:
+                    os.rmdir(directory)
+                except OSError:
+                    pass
+        return not any(top.is_dir() for top in host_cgroups(state))
+
+    wait_for(removed, timeout=timeout, interval=0.2)
+
+
+def _kill_members(cgroup: Path) -> None:
+    try:
+        pids = [int(pid) for pid in (cgroup / "cgroup.procs").read_text().split()]
+    except (OSError, ValueError):
+        return
+    for pid in pids:
+        _signal(pid, signal.SIGKILL)
 
 
 def leftover_report(state: LabState) -> list[str]:
