@@ -219,12 +219,24 @@ def test_a_waiter_that_gives_up_says_so_and_the_holder_still_releases(lock_path,
         assert host_lock.status(lock_path)["held"] is False
 
 
+def wait_queued(path: str, timeout: float = 30) -> None:
+    """Until a process waits for the flock on ``path`` (a blocked entry, ``->``, in /proc/locks)."""
+    inode = f":{os.stat(path).st_ino} "
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with open("/proc/locks", encoding="ascii") as handle:
+            if any("->" in line and inode in line for line in handle):
+                return
+        time.sleep(0.02)
+    raise AssertionError(f"nobody queued for {path} in {timeout} s")
+
+
 def test_break_with_a_run_waiting_frees_the_lock_for_that_run(lock_path):
     host_lock.acquire(lock_path, {"play": "stuck"}, timeout=1, lease=60)
     waiter = start_run(lock_path, "waiter", 10, 0)
     waiter.stdin.write("go\n")
     waiter.stdin.flush()
-    time.sleep(0.3)  # queued behind the stuck holder
+    wait_queued(lock_path)
 
     answer = host_lock.break_lock(lock_path)
 
@@ -244,10 +256,10 @@ def write_record(lock_path, **record):
 @pytest.fixture
 def stubborn():
     """A process that ignores SIGTERM (a holder that does not let go)."""
-    proc = subprocess.Popen(
-        [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"]
-    )
-    time.sleep(0.3)
+    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    code += "print('ready', flush=True); time.sleep(60)"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "ready\n"  # SIGTERM is ignored from here on
     yield proc
     proc.kill()
     proc.wait()
