@@ -139,8 +139,9 @@ def test_healthy_host_passes_every_tier_and_the_gate_opens_once_ready(clean_lab)
     assert requests_logged(lab, host, "/ready") >= gate["attempts"] + again["attempts"]
     assert requests_logged(lab, host, "/health") == 0
 
-    checked = lab.module(host, MODULE, {"unit": UNIT, "textfile_path": "/run/never-written.prom"}, check=True)
-    assert checked["healthy"] is True and checked["textfile_written"] is False
+    no_textfile = {"unit": UNIT, "tp_size": 2, "textfile_path": "/run/never-written.prom"}
+    checked = lab.module(host, MODULE, no_textfile, check=True)
+    assert checked["healthy"] is True and checked["textfile_written"] is False, checked
 
     wrong = probe(lab, host, expected_model="meta-llama/Llama-3.1-8B")
     assert wrong["_status"] == "FAILED!"

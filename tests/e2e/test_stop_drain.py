@@ -310,7 +310,9 @@ def test_a_gateway_drained_restart_under_steady_load_loses_nothing(lab, host, tm
     assert lab.exec(host, "pgrep -f '^python3 /run/loadgen.py'").returncode == 0
     # Only the summary: the records of every request would make a long answer.
     read = f'python3 -c \'import json; print(json.dumps(json.load(open("{out}"))["summary"]))\''
-    summary = json.loads(sh(lab, host, f"until [ -s {out} ]; do sleep 0.5; done; {read}", timeout=300))
+    # The load writes its file as it ends: read it once the process is gone, never half-written.
+    done = "while pgrep -f '^python3 /run/loadgen.py' >/dev/null; do sleep 0.5; done"
+    summary = json.loads(sh(lab, host, f"{done}; {read}", timeout=300))
     assert summary["requests"] > 16, summary
     assert summary["failed"] == 0 and summary["truncated"] == 0, summary
     assert_clean_stops(journal_since(lab, host, mark), 2)
