@@ -18,6 +18,7 @@ E2E_WORKERS ?= 3
 E2E_ARGS    ?=
 UNIT_WORKERS ?= 2
 MOLECULE_WORKERS ?= 2
+MOLECULE_LAB ?= mol
 
 export ANSIBLE_COLLECTIONS_PATH := $(COLLECTIONS)
 export PATH := $(BIN):$(PATH)
@@ -82,8 +83,10 @@ e2e: deps venv collection-link ## End-to-end tests on lab hosts (root); E2E_WORK
 	  tests/e2e tests/lab/tests -m 'lab and not bench'
 
 molecule: deps venv collection-link ## Molecule scenarios on lab hosts (root); MOLECULE_WORKERS side by side
-	# `molecule test -s NAME` for each scenario; each boots a lab of its own, so they can run side by side.
-	cd extensions && $(PYTHON) molecule_all.py --workers $(MOLECULE_WORKERS) --molecule $(BIN)/molecule
+	# `molecule test -s NAME` for each scenario, side by side, each on hosts of its own of one lab that
+	# molecule_all.py boots once and takes down at the end, also after a failure.
+	cd extensions && $(PYTHON) molecule_all.py --workers $(MOLECULE_WORKERS) --shared-lab $(MOLECULE_LAB) \
+	  --molecule $(BIN)/molecule
 
 TEST_PARTS := lint sanity units docs ee e2e molecule
 

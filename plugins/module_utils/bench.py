@@ -35,6 +35,7 @@ import queue
 import threading
 import time
 from collections import Counter
+from dataclasses import dataclass, field
 
 from ansible_collections.llmops.inference.plugins.module_utils.bench_prompts import builtin_prompts, random_prompts
 from ansible_collections.llmops.inference.plugins.module_utils.module_support import (
@@ -65,32 +66,20 @@ class BenchInputError(PrefixedOptionError):
     """A bad option; ``option`` names it."""
 
 
+@dataclass(eq=False)
 class RequestResult:
     """One request as the client saw it; times in seconds, ``start_s`` relative to the run's start."""
 
-    def __init__(
-        self,
-        success: bool,
-        start_s: float = 0.0,
-        latency_s: float = 0.0,
-        ttft_s: float | None = None,
-        itls_s: list | None = None,
-        prompt_tokens: int | None = None,
-        completion_tokens: int = 0,
-        spec_accept_length: float | None = None,
-        spec_verify_ct: int | None = None,
-        error: str | None = None,
-    ):
-        self.success = success
-        self.start_s = start_s
-        self.latency_s = latency_s
-        self.ttft_s = ttft_s
-        self.itls_s = itls_s or []
-        self.prompt_tokens = prompt_tokens
-        self.completion_tokens = completion_tokens
-        self.spec_accept_length = spec_accept_length
-        self.spec_verify_ct = spec_verify_ct
-        self.error = error
+    success: bool
+    start_s: float = 0.0
+    latency_s: float = 0.0
+    ttft_s: float | None = None
+    itls_s: list = field(default_factory=list)
+    prompt_tokens: int | None = None
+    completion_tokens: int = 0
+    spec_accept_length: float | None = None
+    spec_verify_ct: int | None = None
+    error: str | None = None
 
     @property
     def verify_steps(self) -> float | None:

@@ -44,15 +44,22 @@ def quote_sample(text: str, limit: int = QUOTE_CHARS) -> str:
     return repr(text[:limit]) + ("..." if len(text) > limit else "")
 
 
+def _tail_length(items, period: int) -> int:
+    """How many of the last items of ``items`` repeat with ``period`` (each equal to the one ``period`` later), the
+    last ``period`` included."""
+    size = len(items)
+    start = size - period - 1
+    while start >= 0 and items[start] == items[start + period]:
+        start -= 1
+    return size - start - 1
+
+
 def _repeated_tail(text: str) -> tuple:
     """Longest tail of ``text`` repeating one unit of at most MAX_PERIOD chars: ``(unit, repeats, length)``."""
     best = ("", 0, 0)
     size = len(text)
     for period in range(1, min(MAX_PERIOD, size // 2) + 1):
-        start = size - period - 1
-        while start >= 0 and text[start] == text[start + period]:
-            start -= 1
-        length = size - start - 1
+        length = _tail_length(text, period)
         repeats = length // period
         needed = MIN_CHAR_REPEATS if period == 1 else MIN_UNIT_REPEATS
         if repeats >= needed and length > best[2] and text[-period:].strip():
@@ -68,10 +75,7 @@ def _repeated_word_tail(words: list) -> tuple:
         body = words[: len(words) - slack]
         size = len(body)
         for period in range(1, min(MAX_WORD_PERIOD, size // 2) + 1):
-            start = size - period - 1
-            while start >= 0 and body[start] == body[start + period]:
-                start -= 1
-            length = size - start - 1
+            length = _tail_length(body, period)
             repeats = length // period
             unit = tuple(body[size - length : size - length + period])
             needed = MIN_WORDS_FOR_SAME_WORD if period == 1 else MIN_WORD_UNIT_REPEATS
@@ -109,27 +113,36 @@ def degenerate_reason(text: str, min_distinct_ratio: float = DEFAULT_MIN_DISTINC
     stripped = text.strip()
     if not stripped:
         return None
+    words = [word.lower() for word in WORD.findall(stripped)]
+    why = _repetition(stripped, words)
+    if why is None and not is_structured(stripped):
+        why = _low_variety(words, min_distinct_ratio)
+    return None if why is None else f"degenerate output: {quote_sample(stripped)} ({why})"
+
+
+def _repetition(stripped: str, words: list) -> str | None:
+    """One character or short unit repeated over most of the text, one word repeated, or a loop of words."""
     unit, repeats, length = _repeated_tail(stripped)
     if repeats and length >= MIN_TAIL_SHARE * len(stripped):
         what = "one character" if len(unit) == 1 else repr(unit)
-        return f"degenerate output: {quote_sample(stripped)} ({what} repeated {repeats} times)"
-    words = [word.lower() for word in WORD.findall(stripped)]
+        return f"{what} repeated {repeats} times"
     if len(words) >= MIN_WORDS_FOR_SAME_WORD and len(set(words)) == 1:
-        return f"degenerate output: {quote_sample(stripped)} (one word repeated {len(words)} times)"
+        return f"one word repeated {len(words)} times"
     loop, repeats, length = _repeated_word_tail(words)
     if repeats and (length >= MIN_TAIL_SHARE * len(words) or length >= RATIO_WINDOW):
-        return f"degenerate output: {quote_sample(stripped)} ({' '.join(loop)!r} repeated {repeats} times)"
-    if is_structured(stripped):
-        return None
-    window = [word for word in words if not word.isdigit()][-RATIO_WINDOW:]
-    if len(window) >= MIN_WORDS_FOR_RATIO:
-        distinct = len(set(window))
-        ratio = distinct / len(window)
-        if ratio < min_distinct_ratio:
-            prose = [word for word in words if not word.isdigit()]
-            where = f"of the last {len(window)} words" if len(prose) > len(window) else f"of {len(window)} words"
-            return (
-                f"degenerate output: {quote_sample(stripped)} "
-                f"({distinct} distinct {where}, ratio {ratio:.2f} < {min_distinct_ratio})"
-            )
+        return f"{' '.join(loop)!r} repeated {repeats} times"
     return None
+
+
+def _low_variety(words: list, min_distinct_ratio: float) -> str | None:
+    """Prose whose distinct-word ratio (over its last RATIO_WINDOW words) is below ``min_distinct_ratio``."""
+    prose = [word for word in words if not word.isdigit()]
+    window = prose[-RATIO_WINDOW:]
+    if len(window) < MIN_WORDS_FOR_RATIO:
+        return None
+    distinct = len(set(window))
+    ratio = distinct / len(window)
+    if ratio >= min_distinct_ratio:
+        return None
+    where = f"of the last {len(window)} words" if len(prose) > len(window) else f"of {len(window)} words"
+    return f"{distinct} distinct {where}, ratio {ratio:.2f} < {min_distinct_ratio}"

@@ -38,12 +38,15 @@ from dataclasses import dataclass
 from ansible_collections.llmops.inference.plugins.module_utils.gateway import (
     OUT_OF_ROTATION,
     UNREACHABLE_FAIL,
-    GatewayError,
+    ChangeMode,
+    GatewayAccess,
     GatewaySet,
     GatewaysUnavailable,
     MembershipIncomplete,
+    Polling,
     RemovalRefused,
 )
+from ansible_collections.llmops.inference.plugins.module_utils.gateway_client import GatewayError
 
 IN_FLIGHT_METRICS = ("sglang:num_running_reqs", "sglang:num_queue_reqs")
 DRAIN_POLL_S = 0.2
@@ -83,12 +86,10 @@ class GatewayDrain:
         self.sleep = sleep
         self.gateways = gateway_set or GatewaySet(
             list(settings.gateways),
-            api_key=settings.api_key,
-            validate_certs=settings.validate_certs,
-            worker_api_key=settings.worker_api_key,
-            wait_timeout=settings.wait_timeout,
-            clock=clock,
-            sleep=sleep,
+            GatewayAccess(
+                settings.api_key, validate_certs=settings.validate_certs, worker_api_key=settings.worker_api_key
+            ),
+            Polling(settings.wait_timeout, clock=clock, sleep=sleep),
         )
         self.state = {
             "worker_url": settings.worker_url,
@@ -113,10 +114,9 @@ class GatewayDrain:
         try:
             result = self.gateways.remove(
                 worker,
+                ChangeMode(check_mode=check_mode, unreachable=self.settings.unreachable),
                 min_healthy=self.settings.min_healthy,
-                check_mode=check_mode,
                 until=OUT_OF_ROTATION,
-                unreachable=self.settings.unreachable,
             )
         except GatewaysUnavailable as exc:
             self.state["in_gateways"] = None

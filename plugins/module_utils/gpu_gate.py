@@ -27,15 +27,12 @@ import re
 import signal
 import sys
 import time
+from dataclasses import dataclass
 from http.client import HTTPConnection, HTTPException, HTTPSConnection
 from urllib.parse import urlsplit
 
-from ansible_collections.llmops.inference.plugins.module_utils.gpu import (
-    BACKENDS,
-    GpuQueryError,
-    query_gpus,
-    select_gpus,
-)
+from ansible_collections.llmops.inference.plugins.module_utils.gpu import GpuQueryError, select_gpus
+from ansible_collections.llmops.inference.plugins.module_utils.gpu_query import BACKENDS, query_gpus
 from ansible_collections.llmops.inference.plugins.module_utils.procs import read_process, wait_for
 
 EXIT_PASS = 0
@@ -114,34 +111,26 @@ def refusal_message(unit: str, busy: list, threshold_mib: int, proc_root: str = 
 
 
 def check_gpus_free(
-    selectors,
-    threshold_mib: int,
-    wait_seconds: float = 0.0,
-    *,
-    unit: str = "the service",
-    backend: str = "auto",
-    query=None,
-    proc_root: str = "/proc",
-    clock=time.monotonic,
-    sleep=time.sleep,
+    selectors, threshold_mib: int, wait_seconds: float = 0.0, *, unit: str = "the service", host: GateHost | None = None
 ) -> tuple:
     """Return ``(passed, message)``; waits up to ``wait_seconds`` for memory still being released.
 
     Raises GpuQueryError when no backend lists the GPUs and ValueError for an unknown GPU selector.
     """
-    query = query or query_gpus
+    host = host or GateHost()
+    query = host.query or query_gpus
     seen = {}
 
     def free() -> bool:
-        _backend, gpus = query(backend=backend)
+        _backend, gpus = query(backend=host.backend)
         seen["gpus"] = select_gpus(gpus, selectors)
         seen["busy"] = busy_gpus(seen["gpus"], threshold_mib)
         return not seen["busy"]
 
-    if wait_for(free, wait_seconds, interval=0.2, clock=clock, sleep=sleep):
+    if wait_for(free, wait_seconds, interval=0.2, clock=host.clock, sleep=host.sleep):
         used = ", ".join(f"{gpu.display} {_held_text(gpu)}" for gpu in seen["gpus"])
         return True, f"GPUs free for {unit} (at most {threshold_mib} MiB held each): {used}"
-    return False, refusal_message(unit, seen["busy"], threshold_mib, proc_root)
+    return False, refusal_message(unit, seen["busy"], threshold_mib, host.proc_root)
 
 
 def http_get(url: str, timeout: float = HEALTH_REQUEST_TIMEOUT) -> tuple:
@@ -170,17 +159,10 @@ def health_status(url: str, getter=http_status) -> str | None:
     return None if 200 <= status < 300 else f"HTTP {status}"
 
 
-def wait_ready(
-    url: str,
-    timeout: float,
-    main_pid: int | None = None,
-    *,
-    getter=http_status,
-    proc_root: str = "/proc",
-    clock=time.monotonic,
-    sleep=time.sleep,
-) -> tuple:
+def wait_ready(url: str, timeout: float, main_pid: int | None = None, *, host: GateHost | None = None) -> tuple:
     """Poll ``url`` until it answers 2xx; stop early when ``main_pid`` exits. Return ``(ready, message)``."""
+    host = host or GateHost()
+    getter, proc_root, clock = host.getter, host.proc_root, host.clock
     last = {"reason": "not polled yet", "exited": False}
     started = clock()
 
@@ -193,7 +175,7 @@ def wait_ready(
         last["reason"] = health_status(url, getter)
         return last["reason"] is None
 
-    done = wait_for(ready, timeout, interval=READY_POLL_INTERVAL, clock=clock, sleep=sleep)
+    done = wait_for(ready, timeout, interval=READY_POLL_INTERVAL, clock=clock, sleep=host.sleep)
     waited = clock() - started
     if last["exited"]:
         return False, f"main process {main_pid} exited before {url} answered (after {waited:.1f} s)"
@@ -230,29 +212,35 @@ def scrape_in_flight(url: str, getter=http_get) -> tuple | None:
     return in_flight(body.decode("utf-8", "replace"))
 
 
+@dataclass
+class GateHost:
+    """What the gate reads and acts through (injectable, for tests): the GPU query and its backend (``query`` None:
+    query_gpus), /proc, the clock, the HTTP status of a URL, the in-flight requests of a server, signals."""
+
+    backend: str = "auto"
+    query: object = None
+    proc_root: str = "/proc"
+    clock: object = time.monotonic
+    sleep: object = time.sleep
+    getter: object = http_status
+    scrape: object = scrape_in_flight
+    kill: object = os.kill
+
+
 def _alive(pid: int, proc_root: str) -> bool:
     proc = read_process(pid, proc_root)
     return proc is not None and proc.is_alive
 
 
-def drain(
-    pid: int,
-    url: str | None,
-    timeout: float,
-    *,
-    kill=os.kill,
-    scrape=scrape_in_flight,
-    proc_root: str = "/proc",
-    clock=time.monotonic,
-    sleep=time.sleep,
-    log=None,
-) -> tuple:
+def drain(pid: int, url: str | None, timeout: float, *, host: GateHost | None = None, log=None) -> tuple:
     """SIGTERM the main process ``pid`` alone and wait until it exits; return ``(drained, message)``.
 
     Drained: the process exited (SGLang's own drain finished). Not drained: ``timeout`` seconds passed. Every
     DRAIN_LOG_INTERVAL seconds ``log(text)`` is told what ``url``/metrics reports in flight when that changed;
     the figures never end the wait.
     """
+    host = host or GateHost()
+    kill, scrape, proc_root, clock = host.kill, host.scrape, host.proc_root, host.clock
     log = log or (lambda text: None)
     started = clock()
     if pid <= 0 or not _alive(pid, proc_root):
@@ -280,7 +268,7 @@ def drain(
                 + (f" (last seen: {last})" if last else "")
                 + "; systemd stops the rest of the unit"
             )
-        sleep(min(DRAIN_POLL_INTERVAL, deadline - now))
+        host.sleep(min(DRAIN_POLL_INTERVAL, deadline - now))
 
 
 def _pid(text: str) -> int:
@@ -321,7 +309,7 @@ def main(argv=None, stdout=sys.stdout, stderr=sys.stderr) -> int:
     try:
         if args.mode == "gpu-free":
             passed, message = check_gpus_free(
-                args.gpus, args.threshold_mib, args.wait, unit=args.unit, backend=args.backend
+                args.gpus, args.threshold_mib, args.wait, unit=args.unit, host=GateHost(backend=args.backend)
             )
         elif args.mode == "drain":
             # A spent budget is not an error of the stop: systemd goes on to stop the rest of the group.

@@ -26,7 +26,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from ansible_collections.llmops.inference.plugins.module_utils.gpu import Gpu, GpuQueryError, query_gpus, select_gpus
+from ansible_collections.llmops.inference.plugins.module_utils.gpu import Gpu, GpuQueryError, select_gpus
+from ansible_collections.llmops.inference.plugins.module_utils.gpu_query import query_gpus
 from ansible_collections.llmops.inference.plugins.module_utils.procs import is_orphan, read_process
 from ansible_collections.llmops.inference.plugins.module_utils.systemd import (
     SystemdError,
@@ -151,27 +152,29 @@ class Verdict:
         }
 
 
-class GpuListCheck:
-    """Checks one GPU list against the host's GPUs (``inventory``, as gpu.query_gpus lists them)."""
+@dataclass
+class GpuListContext:
+    """Whose GPU list it is: the unit that will run on it, the running units ({name: state}), the option's name in
+    the messages, and where /proc is."""
 
-    def __init__(
-        self,
-        selectors,
-        inventory: list,
-        layout: Layout,
-        *,
-        unit: str | None = None,
-        running_units: dict | None = None,
-        label: str = "gpus",
-        proc_root: str = "/proc",
-    ):
+    unit: str | None = None
+    running_units: dict | None = None
+    label: str = "gpus"
+    proc_root: str = "/proc"
+
+
+class GpuListCheck:
+    """Checks one GPU list against the host's GPUs (``inventory``, as gpu_query.query_gpus lists them)."""
+
+    def __init__(self, selectors, inventory: list, layout: Layout, context: GpuListContext | None = None):
+        context = context or GpuListContext()
         self.selectors = [str(selector).strip() for selector in selectors]
         self.inventory = inventory
         self.layout = layout
-        self.unit = unit
-        self.running = dict(running_units or {})
-        self.label = label
-        self.proc_root = proc_root
+        self.unit = context.unit
+        self.running = dict(context.running_units or {})
+        self.label = context.label
+        self.proc_root = context.proc_root
         self.verdict = Verdict()
 
     def _refuse(self, rule: str, detail: str) -> None:
@@ -267,8 +270,8 @@ class GpuListCheck:
 
 
 def check_gpu_list(selectors, inventory: list, layout: Layout, **options) -> Verdict:
-    """Check ``selectors`` (indexes, GPU- or MIG- UUIDs) against ``inventory``; see GpuListCheck."""
-    return GpuListCheck(selectors, inventory, layout, **options).run()
+    """Check ``selectors`` (indexes, GPU- or MIG- UUIDs) against ``inventory``; ``options`` are GpuListContext's."""
+    return GpuListCheck(selectors, inventory, layout, GpuListContext(**options)).run()
 
 
 def inspect_gpu_list(params: dict, run_command, *, query=query_gpus, booted=systemd_booted, proc_root="/proc") -> tuple:

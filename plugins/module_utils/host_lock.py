@@ -20,6 +20,7 @@ import os
 import secrets
 import signal
 import time
+from dataclasses import dataclass
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 RELEASE_WAIT = 10.0
@@ -270,29 +271,33 @@ def break_lock(path: str) -> dict:
     return {"released": True, "changed": True, "broken": holder, "msg": f"broke {path}, held by {describe(holder)}"}
 
 
-def manage(
-    path: str,
-    state: str = "present",
-    *,
-    owner: dict | None = None,
-    timeout: float = 600.0,
-    lease: float = 3600.0,
-    token: str | None = None,
-    force: bool = False,
-    check_mode: bool = False,
-) -> dict:
+@dataclass
+class LockRequest:
+    """What the host_lock module asks: take the lock (``present``) for ``owner``, waiting up to ``timeout`` and
+    holding it at most ``lease`` seconds; or release it with ``token``, or break it with ``force`` (``absent``)."""
+
+    state: str = "present"
+    owner: dict | None = None
+    timeout: float = 600.0
+    lease: float = 3600.0
+    token: str | None = None
+    force: bool = False
+
+
+def manage(path: str, request: LockRequest, check_mode: bool = False) -> dict:
     """What the host_lock module does: take (``present``), release (``absent`` with ``token``) or break
     (``absent`` with ``force``) the lock. Taking and releasing change nothing that outlasts the run, so only a
     broken lock reports ``changed``. Raises LockBusy, LockError, or ValueError for a request that makes no sense."""
+    state, token = request.state, request.token
     if state == "present":
         if check_mode:
             now = status(path)
             return dict(now, token="", changed=False, msg=f"check mode: would take {path}; now: {now['msg']}")
-        return dict(acquire(path, owner or {}, timeout, lease), held=True, changed=False)
+        return dict(acquire(path, request.owner or {}, request.timeout, request.lease), held=True, changed=False)
     if token:
         answer = release(path, token) if not check_mode else {"released": False, "msg": f"would release {path}"}
         return dict(answer, changed=False)
-    if not force:
+    if not request.force:
         raise ValueError("state=absent needs the token of the lock to release, or force=true to break it")
     if check_mode:
         now = status(path)

@@ -137,7 +137,7 @@ class KnownGoodStore:
         self.run_command = run_command or subprocess_runner
         self.backup_root = backup_root
 
-    def _dir(self, which: str) -> str:
+    def snapshot_dir(self, which: str) -> str:
         return os.path.join(self.root, which)
 
     def _object_path(self, sha256: str) -> str:
@@ -146,7 +146,7 @@ class KnownGoodStore:
     # ----- reading -----
 
     def read(self, which: str) -> dict | None:
-        path = os.path.join(self._dir(which), MANIFEST)
+        path = os.path.join(self.snapshot_dir(which), MANIFEST)
         data = read_bytes(path)
         if data is None:
             return None
@@ -178,7 +178,7 @@ class KnownGoodStore:
         manifest = self.manifest(which)
         found = []
         for key, entry in sorted(manifest["files"].items()):
-            copy = os.path.join(self._dir(which), FILES_DIR, key)
+            copy = os.path.join(self.snapshot_dir(which), FILES_DIR, key)
             actual = sha256_file(copy)
             if actual != entry["sha256"]:
                 state = "is missing" if actual is None else f"does not match its checksum (sha256 {actual})"
@@ -326,19 +326,32 @@ class KnownGoodStore:
                 warnings.append(f"the snapshot does not record the SGLang sources: {exc}")
         current = self.read("current")
         if current is not None and _same_state(current, manifest):
-            gains_sources = current.get("sources") is None and manifest.get("sources") is not None
-            if gains_sources:
-                current["sources"] = manifest["sources"]
-            current["verified_at"] = manifest["verified_at"]
-            if not check_mode:
-                self._write_objects(blobs, source_objects(current.get("sources")))
-                atomic_write(os.path.join(self._dir("current"), MANIFEST), _dump(current), mode=0o600)
-            pruned = self.prune(check_mode)
-            message = "current snapshot re-verified" + ("; it records its sources now" if gains_sources else "")
-            return self._answer(gains_sources, False, current, message, pruned, warnings)
-        if check_mode:
-            return self._answer(True, current is not None, manifest, "would save a snapshot", [], warnings)
+            answer = self._reverify(current, manifest, blobs, check_mode)
+        elif check_mode:
+            answer = self._answer(True, current is not None, manifest, "would save a snapshot", [])
+        else:
+            self._write_snapshot(live, manifest, blobs, rotate=current is not None)
+            answer = self._answer(True, current is not None, manifest, "snapshot saved", self.prune())
+        answer["warnings"] = warnings
+        return answer
 
+    def _reverify(self, current: dict, manifest: dict, blobs: dict, check_mode: bool) -> dict:
+        """The current snapshot already records this state: mark it verified now (adding its sources if it had
+        none)."""
+        gains_sources = current.get("sources") is None and manifest.get("sources") is not None
+        if gains_sources:
+            current["sources"] = manifest["sources"]
+        current["verified_at"] = manifest["verified_at"]
+        if not check_mode:
+            self._write_objects(blobs, source_objects(current.get("sources")))
+            atomic_write(os.path.join(self.snapshot_dir("current"), MANIFEST), _dump(current), mode=0o600)
+        pruned = self.prune(check_mode)
+        message = "current snapshot re-verified" + ("; it records its sources now" if gains_sources else "")
+        return self._answer(gains_sources, False, current, message, pruned)
+
+    def _write_snapshot(self, live: dict, manifest: dict, blobs: dict, rotate: bool) -> None:
+        """Write the snapshot beside the others, then make it ``current`` (the current one ``previous`` when
+        ``rotate``)."""
         _make_private_dir(self.root)
         self._write_objects(blobs, source_objects(manifest.get("sources")))
         staging = tempfile.mkdtemp(dir=self.root, prefix=STAGING_PREFIX)
@@ -353,25 +366,16 @@ class KnownGoodStore:
                     )
                 atomic_write(target, data, mode=0o600)
             atomic_write(os.path.join(staging, MANIFEST), _dump(manifest), mode=0o600)
-            if current is not None:
-                shutil.rmtree(self._dir("previous"), ignore_errors=True)
-                os.replace(self._dir("current"), self._dir("previous"))
-            os.replace(staging, self._dir("current"))
+            if rotate:
+                shutil.rmtree(self.snapshot_dir("previous"), ignore_errors=True)
+                os.replace(self.snapshot_dir("current"), self.snapshot_dir("previous"))
+            os.replace(staging, self.snapshot_dir("current"))
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-        pruned = self.prune()
-        return self._answer(True, current is not None, manifest, "snapshot saved", pruned, warnings)
 
     @staticmethod
-    def _answer(changed, rotated, manifest, message, pruned, warnings) -> dict:
-        return {
-            "changed": changed,
-            "rotated": rotated,
-            "manifest": manifest,
-            "msg": message,
-            "pruned": pruned,
-            "warnings": warnings,
-        }
+    def _answer(changed: bool, rotated: bool, manifest: dict, message: str, pruned: list) -> dict:
+        return {"changed": changed, "rotated": rotated, "manifest": manifest, "msg": message, "pruned": pruned}
 
     def _write_objects(self, blobs: dict, named: set) -> None:
         """Store every content the snapshot names and does not have yet (an object that does not match is
@@ -425,7 +429,7 @@ class KnownGoodStore:
             restored.append(path)
             if not check_mode:
                 os.makedirs(os.path.dirname(path), exist_ok=True)
-                data = read_bytes(os.path.join(self._dir(which), FILES_DIR, key))
+                data = read_bytes(os.path.join(self.snapshot_dir(which), FILES_DIR, key))
                 atomic_write(path, data, mode=int(entry["mode"], 8))
         kept = {entry["path"] for key, entry in manifest["files"].items() if key.startswith(DROPINS)}
         if os.path.isdir(dropin_dir):
@@ -442,61 +446,3 @@ class KnownGoodStore:
             "manifest": manifest,
             "msg": f"{which} snapshot of {manifest.get('saved_at')}: {len(restored)} restored, {len(removed)} removed",
         }
-
-
-READ, RESTORED, SAVED = "read", "restored", "saved"
-HIDDEN = "(not shown: the environment file can hold the API key)\n"
-
-
-def _text(path: str) -> str:
-    return (read_bytes(path) or b"").decode("utf-8", "replace")
-
-
-def restore_with_diff(store: KnownGoodStore, which: str, dropin_dir: str, check_mode: bool) -> dict:
-    """``store.restore`` with a ``diff`` list: the unit file and drop-ins before and after; the environment file
-    by name only."""
-    files = store.manifest(which)["files"]
-    shown = {entry["path"]: key for key, entry in files.items() if key == "unit" or key.startswith(DROPINS)}
-    present = [os.path.join(dropin_dir, name) for name in os.listdir(dropin_dir)] if os.path.isdir(dropin_dir) else []
-    before = {path: _text(path) for path in [*shown, *present]}
-    answer = store.restore(which, dropin_dir, check_mode)
-    diff = []
-    for path in answer["restored"]:
-        if path in shown:
-            after = _text(os.path.join(store._dir(which), FILES_DIR, shown[path]))
-            diff.append({"before_header": path, "after_header": path, "before": before[path], "after": after})
-        else:
-            diff.append({"before_header": path, "after_header": path, "before": HIDDEN, "after": "(restored)\n"})
-    for path in answer["removed"]:
-        diff.append({"before_header": path, "after_header": f"{path} (removed)", "before": before[path], "after": ""})
-    answer["diff"] = diff
-    return answer
-
-
-def handle(params: dict, run_command, check_mode: bool) -> dict:
-    """One known_good module request, from its parameters to its result; raises SnapshotError or InstallError."""
-    store = KnownGoodStore(params["root"], run_command, params["backup_root"])
-    if params["state"] == READ:
-        snapshots = store.info()
-        found = [which for which in SNAPSHOTS if snapshots[which]]
-        return dict(snapshots, changed=False, msg=f"snapshots under {store.root}: {', '.join(found) or 'none'}")
-    python = params.get("python")
-    if params["state"] == SAVED:
-        if not params["files"]:
-            raise SnapshotError("files must name the files to record, at least {unit: PATH}")
-        sources = {"python": python} if python else None
-        return store.save(params["files"], params["dropin_dir"], params["meta"], check_mode, sources)
-    which = params["snapshot"]
-    answer = restore_with_diff(store, which, params["dropin_dir"], check_mode)
-    sources = answer["manifest"].get("sources") or {}
-    answer["sources"] = {
-        "recorded": bool(sources),
-        "patch_state_id": answer["manifest"].get("patch_state_id"),
-        "state_id": sources.get("state_id"),
-        "files": sorted(sources.get("files") or {}),
-        "python": sources.get("python"),
-        "source_patch": {"state": "restored", "known_good_root": store.root, "known_good_snapshot": which},
-    }
-    if python and sources:
-        answer["sources"].update(store.sources_status(which, store.locate(python)))
-    return answer

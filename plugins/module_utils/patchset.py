@@ -126,30 +126,41 @@ def parse_patch(data: bytes, source: str) -> list:
     while i < len(lines):
         line = lines[i]
         if line.startswith(b"--- ") and i + 1 < len(lines) and lines[i + 1].startswith(b"+++ "):
-            old_path = _header_path(line[4:], source, i + 1)
-            new_path = _header_path(lines[i + 1][4:], source, i + 2)
-            if old_path == DEV_NULL and new_path == DEV_NULL:
-                raise PatchParseError(source, i + 1, "both sides of the file header are /dev/null")
-            header_line = i + 1
-            i += 2
-            hunks = []
-            while i < len(lines) and lines[i].startswith(b"@@"):
-                hunk, i = _parse_hunk(lines, i, source)
-                hunks.append(hunk)
-            if not hunks:
-                raise PatchParseError(source, header_line, f"file header for {new_path} is not followed by a hunk")
-            old_path, new_path = _strip_git_prefixes(old_path, new_path)
-            patches.append(FilePatch(source, old_path, new_path, hunks))
+            patch, i = _parse_file_patch(lines, i, source)
+            patches.append(patch)
             continue
-        for marker, reason in _UNSUPPORTED:
-            if line.startswith(marker):
-                raise PatchParseError(source, i + 1, reason)
-        if line.startswith(b"@@"):
-            raise PatchParseError(source, i + 1, "hunk without a '--- PATH' / '+++ PATH' file header")
+        _refuse_stray_line(line, source, i + 1)
         i += 1
     if not patches:
         raise PatchParseError(source, 0, "no unified diff found (expected '--- a/PATH', '+++ b/PATH' and '@@' hunks)")
     return patches
+
+
+def _parse_file_patch(lines: list, i: int, source: str) -> tuple:
+    """(FilePatch, index of the line after it) for the file header at ``lines[i]`` and its hunks."""
+    old_path = _header_path(lines[i][4:], source, i + 1)
+    new_path = _header_path(lines[i + 1][4:], source, i + 2)
+    if old_path == DEV_NULL and new_path == DEV_NULL:
+        raise PatchParseError(source, i + 1, "both sides of the file header are /dev/null")
+    header_line = i + 1
+    i += 2
+    hunks = []
+    while i < len(lines) and lines[i].startswith(b"@@"):
+        hunk, i = _parse_hunk(lines, i, source)
+        hunks.append(hunk)
+    if not hunks:
+        raise PatchParseError(source, header_line, f"file header for {new_path} is not followed by a hunk")
+    old_path, new_path = _strip_git_prefixes(old_path, new_path)
+    return FilePatch(source, old_path, new_path, hunks), i
+
+
+def _refuse_stray_line(line: bytes, source: str, number: int) -> None:
+    """A line outside a file's hunks that says the patch needs what this parser does not do."""
+    for marker, reason in _UNSUPPORTED:
+        if line.startswith(marker):
+            raise PatchParseError(source, number, reason)
+    if line.startswith(b"@@"):
+        raise PatchParseError(source, number, "hunk without a '--- PATH' / '+++ PATH' file header")
 
 
 def _parse_hunk(lines: list, i: int, source: str) -> tuple:

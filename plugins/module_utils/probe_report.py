@@ -8,7 +8,7 @@ Private to the llmops.inference collection; not a public API.
 
 from __future__ import annotations
 
-from ansible_collections.llmops.inference.plugins.module_utils.gpu import reset_message
+from ansible_collections.llmops.inference.plugins.module_utils.gpu_memory import reset_message
 from ansible_collections.llmops.inference.plugins.module_utils.probe_settings import TIER_NAMES
 
 OK, FAILED, SKIPPED = "ok", "failed", "skipped"

@@ -75,6 +75,19 @@ SETTINGS_DEFAULTS = {
 }
 
 
+def gate_probe_spec() -> dict:
+    """The checks of a probe gate as argument-spec options, shared by sglang_probe and sglang_restart's ``probe``."""
+    return {
+        "expected_model": {"type": "str"},
+        "min_gpu_memory_mib": {"type": "int", "default": DEFAULT_MIN_GPU_MEMORY_MIB},
+        "max_new_tokens": {"type": "int", "default": DEFAULT_MAX_NEW_TOKENS, "no_log": False},
+        "generate_timeout": {"type": "float", "default": SETTINGS_DEFAULTS["generate_timeout"]},
+        "min_tokens_per_s": {"type": "float", "no_log": False},
+        "min_accept_length": {"type": "float"},
+        "tp_size": {"type": "int"},
+    }
+
+
 class ProbeSettings(OptionSet):
     """The probe's options (SETTINGS_DEFAULTS, as keywords); :meth:`validate` names any option that is wrong."""
 

@@ -3,9 +3,9 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """HTTP client for an SGLang server's native API: readiness, health, model/server info, models, generate, metrics.
 
-Private to the llmops.inference collection; not a public API. Uses Ansible's ``urls.Request`` (what
-``open_url`` wraps) so targets need nothing beyond Python. Every failure is raised as :class:`SglangError`
-with a one-line message an operator can act on (which endpoint, what happened).
+Private to the llmops.inference collection; not a public API. The transport is http_client.py's (Ansible's
+``urls.Request``, so targets need nothing beyond Python). Every failure is raised as :class:`SglangError` with a
+one-line message an operator can act on (which endpoint, what happened).
 """
 
 from __future__ import annotations
@@ -13,22 +13,23 @@ from __future__ import annotations
 import json
 import math
 import re
-import socket
 import time
-from urllib.error import HTTPError, URLError
 from urllib.parse import urlparse
 
-from ansible.module_utils.urls import Request, make_context
+from ansible_collections.llmops.inference.plugins.module_utils.http_client import (
+    HttpClient,
+    HttpStatusError,
+    HttpUnreachable,
+    decode_json,
+    is_timeout,
+    set_read_timeout,
+    snippet,
+)
 
 DEFAULT_URL = "http://127.0.0.1:30000"
 READY_PATH = "/ready"
 HEALTH_PATH = "/health"
 STREAM_DONE = "[DONE]"
-ERROR_BODY_CHARS = 200
-# One sample of the Prometheus text exposition: name, optional {labels}, value (a timestamp may follow).
-METRIC_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(?:[^"}]|"(?:[^"\\]|\\.)*")*\})?\s+(\S+)')
-METRIC_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"')
-LABEL_ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
 
 
 def server_argument_spec() -> dict:
@@ -51,11 +52,8 @@ class SglangHTTPError(SglangError):
     """The server answered with a non-2xx status."""
 
     def __init__(self, path: str, status: int, body: str = ""):
-        self.path = path
-        self.status = status
-        self.body = body
-        detail = f": {body}" if body else ""
-        super().__init__(f"{path} returned HTTP {status}{detail}")
+        self.path, self.status, self.body = path, status, body
+        super().__init__(f"{path} returned HTTP {status}" + (f": {body}" if body else ""))
 
 
 class SglangTimeout(SglangError):
@@ -74,6 +72,12 @@ def validate_url(url: str) -> str:
     if parsed.query or parsed.fragment:
         raise ValueError(f"url must not carry a query or fragment, got {url!r}")
     return url.rstrip("/")
+
+
+# One sample of the Prometheus text exposition: name, optional {labels}, value (a timestamp may follow).
+METRIC_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(?:[^"}]|"(?:[^"\\]|\\.)*")*\})?\s+(\S+)')
+METRIC_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"')
+LABEL_ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
 
 
 def _label_value(raw: str) -> str:
@@ -153,24 +157,7 @@ def stream_text(chunk_texts: list) -> str:
     return "".join(chunk_texts)
 
 
-def _set_read_timeout(response, seconds: float) -> None:
-    """Shorten the socket timeout of an open response to what is left of a deadline (best effort).
-
-    urllib has no per-read deadline; http.client reads through ``fp.raw`` (a SocketIO) whose socket is
-    ``_sock``. Where that is not reachable, each read may take up to the timeout the request was opened with.
-    """
-    sock = getattr(getattr(getattr(response, "fp", None), "raw", None), "_sock", None)
-    if sock is not None:
-        sock.settimeout(max(seconds, 0.001))
-
-
-def _is_timeout(exc: BaseException) -> bool:
-    if isinstance(exc, (socket.timeout, TimeoutError)):
-        return True
-    return isinstance(exc, URLError) and isinstance(exc.reason, (socket.timeout, TimeoutError))
-
-
-class SglangClient:
+class SglangClient(HttpClient):
     """Talks to one SGLang server."""
 
     def __init__(
@@ -182,70 +169,40 @@ class SglangClient:
         validate_certs: bool = True,
         clock=time.monotonic,
     ):
-        self.url = validate_url(url)
-        self.api_key = api_key
-        self.timeout = timeout
-        self.validate_certs = validate_certs
+        super().__init__(validate_url(url), api_key=api_key, timeout=timeout, validate_certs=validate_certs)
         self._clock = clock
-        self._session = None
         self._readiness_path = READY_PATH
 
-    def _ensure_session(self) -> Request:
-        if self._session is None:
-            # open_url() builds a TLS context (loading the CA store, about 50 ms) on every call; one session
-            # with one context serves all of a probe's requests.
-            context = make_context(validate_certs=self.validate_certs)
-            self._session = Request(validate_certs=self.validate_certs, follow_redirects="safe", context=context)
-        return self._session
-
-    def _open(self, url: str, **kwargs):
-        return self._ensure_session().open(kwargs.pop("method"), url, **kwargs)
-
-    def _headers(self, body: bool = False) -> dict:
-        headers = {"Accept": "application/json"}
-        if body:
-            headers["Content-Type"] = "application/json"
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        return headers
+    def _failure(self, exc: HttpUnreachable) -> SglangError:
+        if exc.timed_out:
+            answer = "no complete response" if exc.reading else "no response"
+            return SglangTimeout(f"{answer} from {exc.path} within {exc.timeout:.1f} s")
+        if exc.reading:
+            return SglangError(f"reading {exc.path} failed: {exc.reason}")
+        return SglangError(f"cannot reach {self.url}{exc.path}: {exc.reason}")
 
     def _request(self, path: str, payload: dict | None = None, timeout: float | None = None):
-        """Open ``path``; map every transport failure to SglangError. The caller closes the response."""
-        timeout = self.timeout if timeout is None else timeout
-        data = json.dumps(payload).encode("utf-8") if payload is not None else None
+        """Open ``path`` (POST ``payload`` when given); every failure is an SglangError. The caller closes it."""
         try:
-            return self._open(
-                self.url + path,
-                data=data,
-                headers=self._headers(body=data is not None),
-                method="POST" if data is not None else "GET",
-                timeout=timeout,
-            )
-        except HTTPError as exc:
-            raise SglangHTTPError(path, exc.code, _error_body(exc)) from None
-        except Exception as exc:
-            if _is_timeout(exc):
-                raise SglangTimeout(f"no response from {path} within {timeout:.1f} s") from None
-            reason = exc.reason if isinstance(exc, URLError) else exc
-            raise SglangError(f"cannot reach {self.url}{path}: {reason}") from None
+            return self.open("POST" if payload is not None else "GET", path, payload, timeout)
+        except HttpStatusError as exc:
+            raise SglangHTTPError(path, exc.status, snippet(exc.body)) from None
+        except HttpUnreachable as exc:
+            raise self._failure(exc) from None
 
     def _read_body(self, response, path: str, timeout: float) -> bytes:
         try:
-            return response.read()
-        except Exception as exc:
-            if _is_timeout(exc):
-                raise SglangTimeout(f"no complete response from {path} within {timeout:.1f} s") from None
-            raise SglangError(f"reading {path} failed: {exc}") from None
-        finally:
-            response.close()
+            return self.read(response, "GET", path, timeout)
+        except HttpUnreachable as exc:
+            raise self._failure(exc) from None
 
     def get_json(self, path: str, timeout: float | None = None):
         timeout = self.timeout if timeout is None else timeout
         body = self._read_body(self._request(path, timeout=timeout), path, timeout)
         try:
-            return json.loads(body.decode("utf-8"))
+            return decode_json(body)
         except ValueError:
-            raise SglangError(f"{path} did not return JSON: {_snippet(body)!r}") from None
+            raise SglangError(f"{path} did not return JSON: {snippet(body)!r}") from None
 
     def _get_json_with_alias(self, path: str, alias: str):
         """GET ``path``; on 404 (older servers) GET its deprecated alias."""
@@ -299,7 +256,7 @@ class SglangClient:
         answer = self.get_json("/v1/models")
         entries = answer.get("data") if isinstance(answer, dict) else None
         if not isinstance(entries, list):
-            raise SglangError(f"/v1/models answered without a 'data' list: {_snippet(json.dumps(answer))!r}")
+            raise SglangError(f"/v1/models answered without a 'data' list: {snippet(json.dumps(answer))!r}")
         return [entry.get("id") for entry in entries if isinstance(entry, dict) and entry.get("id")]
 
     def metrics(self) -> str:
@@ -333,13 +290,13 @@ class SglangClient:
 
     def _decode_generate(self, body: bytes) -> dict:
         try:
-            answer = json.loads(body.decode("utf-8"))
+            answer = decode_json(body)
         except ValueError:
-            raise SglangError(f"/generate did not return JSON: {_snippet(body)!r}") from None
+            raise SglangError(f"/generate did not return JSON: {snippet(body)!r}") from None
         if isinstance(answer, list) and answer:
             answer = answer[0]
         if not isinstance(answer, dict):
-            raise SglangError(f"/generate returned an unexpected answer: {_snippet(json.dumps(answer))!r}")
+            raise SglangError(f"/generate returned an unexpected answer: {snippet(json.dumps(answer))!r}")
         _raise_stream_error(answer)
         return answer
 
@@ -353,11 +310,11 @@ class SglangClient:
             remaining = deadline - self._clock()
             if remaining <= 0:
                 raise SglangTimeout(timeout_message())
-            _set_read_timeout(response, remaining)
+            set_read_timeout(response, remaining)
             try:
                 raw = response.readline()
             except Exception as exc:
-                if _is_timeout(exc):
+                if is_timeout(exc):
                     raise SglangTimeout(timeout_message()) from None
                 raise SglangError(f"reading the /generate stream failed: {exc}") from None
             if not raw:
@@ -399,17 +356,3 @@ def _raise_stream_error(answer: dict) -> None:
     if error:
         message = error.get("message") if isinstance(error, dict) else error
         raise SglangError(f"/generate reported an error: {message}")
-
-
-def _error_body(exc: HTTPError) -> str:
-    try:
-        body = exc.read() if exc.fp is not None else b""
-    except Exception:
-        body = b""
-    return _snippet(body)
-
-
-def _snippet(body) -> str:
-    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else str(body)
-    text = " ".join(text.split())
-    return text if len(text) <= ERROR_BODY_CHARS else text[:ERROR_BODY_CHARS] + "..."

@@ -16,12 +16,12 @@ from ansible_collections.llmops.inference.plugins.module_utils.known_good import
 from ansible_collections.llmops.inference.plugins.module_utils.patchset import PatchError
 from ansible_collections.llmops.inference.plugins.module_utils.sglang_install import InstallError, TargetPython
 from ansible_collections.llmops.inference.plugins.module_utils.source_backup import BackupError, BackupStore
-from ansible_collections.llmops.inference.plugins.module_utils.source_patcher import (
+from ansible_collections.llmops.inference.plugins.module_utils.source_patch_inputs import (
     PatchSetInput,
-    SourcePatcher,
     SourcePatchError,
     SourceTarget,
 )
+from ansible_collections.llmops.inference.plugins.module_utils.source_patcher import SourcePatcher
 from ansible_collections.llmops.inference.plugins.module_utils.source_tree import PathSafetyError, SourceTree
 
 APPLIED, RESTORED, VERIFIED = "applied", "restored", "verified"

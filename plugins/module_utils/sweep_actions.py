@@ -12,6 +12,13 @@ import json
 
 from ansible_collections.llmops.inference.plugins.module_utils.bench import BenchInputError, BenchSettings
 from ansible_collections.llmops.inference.plugins.module_utils.redact import Redactor
+from ansible_collections.llmops.inference.plugins.module_utils.sweep_choice import (
+    applied_choice,
+    best_per_level,
+    pareto,
+    robust_choice,
+    sla_choice,
+)
 from ansible_collections.llmops.inference.plugins.module_utils.sweep_plan import (
     SweepInputError,
     assign,
@@ -30,22 +37,17 @@ from ansible_collections.llmops.inference.plugins.module_utils.sweep_plot import
     render_pareto_png,
     render_png,
 )
-from ansible_collections.llmops.inference.plugins.module_utils.sweep_report import (
+from ansible_collections.llmops.inference.plugins.module_utils.sweep_records import (
     STAGE_NOT_RUN,
-    applied_choice,
-    best_per_level,
+    LevelOutcome,
+    LevelRun,
     build_level_record,
     build_load,
-    csv_text,
-    markdown,
-    pareto,
-    robust_choice,
-    rules,
-    sla_choice,
     summarize,
-    timing,
 )
+from ansible_collections.llmops.inference.plugins.module_utils.sweep_render import csv_text, markdown, rules
 from ansible_collections.llmops.inference.plugins.module_utils.sweep_store import ResultsDir
+from ansible_collections.llmops.inference.plugins.module_utils.sweep_timing import timing
 
 # The sglang_bench options a sweep sets for every run (sweep_bench), with that module's defaults.
 SWEEP_BENCH_OPTIONS = (
@@ -221,18 +223,22 @@ def record_levels(params: dict, write: bool = True) -> dict:
     one = len(levels) == 1
     records = [
         build_level_record(
-            _bare_point(params["point"]),
-            int(level),
-            params["host"],
-            params["run_id"],
-            params["started_at"],
-            params["finished_at"],
-            load,
-            gate=params.get("gate"),
-            benchmark=params.get("benchmark") if one else None,
-            error=params.get("error"),
-            journal=params.get("journal"),
-            not_run=params.get("not_run"),
+            LevelRun(
+                _bare_point(params["point"]),
+                int(level),
+                params["host"],
+                params["run_id"],
+                params["started_at"],
+                params["finished_at"],
+                load,
+            ),
+            LevelOutcome(
+                gate=params.get("gate"),
+                benchmark=params.get("benchmark") if one else None,
+                error=params.get("error"),
+                journal=params.get("journal"),
+                not_run=params.get("not_run"),
+            ),
         )
         for level in levels
     ]

@@ -10,7 +10,7 @@ Layout of ``sweep_results_dir``::
     sweep.json                      what is swept and how it is measured, and the history of runs
     points/<id>/c<concurrency>.json one record per point and load level (measured or failed), written when
                                     that level ends
-    results.*, results-*            the reports (sweep_report.py), rewritten at the end of every run
+    results.*, results-*            the reports (sweep_render.py), rewritten at the end of every run
 
 A level's file is written atomically as soon as the level ends, by whichever host ran it, so a killed
 sweep loses at most the level in progress, and a re-run with resume measures only the levels that have no

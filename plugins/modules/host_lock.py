@@ -147,6 +147,7 @@ from ansible.module_utils.basic import AnsibleModule  # noqa: E402 - Ansible mod
 from ansible_collections.llmops.inference.plugins.module_utils.host_lock import (  # noqa: E402
     LockBusy,
     LockError,
+    LockRequest,
     manage,
 )
 
@@ -165,16 +166,10 @@ def main():
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     params = module.params
     try:
-        result = manage(
-            params["path"],
-            params["state"],
-            owner=params["owner"],
-            timeout=params["timeout"],
-            lease=params["lease"],
-            token=params["token"],
-            force=params["force"],
-            check_mode=module.check_mode,
+        request = LockRequest(
+            **{name: params[name] for name in ("state", "owner", "timeout", "lease", "token", "force")}
         )
+        result = manage(params["path"], request, module.check_mode)
     except LockBusy as exc:
         module.fail_json(msg=str(exc), holder=exc.holder, changed=False)
     except (LockError, OSError, ValueError) as exc:

@@ -188,11 +188,8 @@ pruned:
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402 - Ansible modules import after their docs
 
-from ansible_collections.llmops.inference.plugins.module_utils.known_good import (  # noqa: E402
-    SNAPSHOTS,
-    SnapshotError,
-    handle,
-)
+from ansible_collections.llmops.inference.plugins.module_utils.known_good import SNAPSHOTS, SnapshotError  # noqa: E402
+from ansible_collections.llmops.inference.plugins.module_utils.known_good_request import handle  # noqa: E402
 from ansible_collections.llmops.inference.plugins.module_utils.module_support import command_runner  # noqa: E402
 from ansible_collections.llmops.inference.plugins.module_utils.sglang_install import InstallError  # noqa: E402
 from ansible_collections.llmops.inference.plugins.module_utils.source_backup import DEFAULT_ROOT  # noqa: E402

@@ -263,11 +263,16 @@ option:
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402 - Ansible modules import after their docs
 
 from ansible_collections.llmops.inference.plugins.module_utils.gateway import (  # noqa: E402
+    ChangeMode,
+    GatewayAccess,
     GatewaySet,
+    Polling,
+)
+from ansible_collections.llmops.inference.plugins.module_utils.gateway_client import normalize_url  # noqa: E402
+from ansible_collections.llmops.inference.plugins.module_utils.gateway_result import (  # noqa: E402
     GatewaysUnavailable,
     MembershipIncomplete,
     RemovalRefused,
-    normalize_url,
 )
 from ansible_collections.llmops.inference.plugins.module_utils.module_support import (  # noqa: E402
     OptionError,
@@ -308,12 +313,8 @@ def build_gateway_set(params: dict) -> GatewaySet:
     with refused_as("gateways"):
         return GatewaySet(
             params["gateways"],
-            api_key=params["api_key"],
-            worker_api_key=params["worker_api_key"],
-            timeout=params["timeout"],
-            validate_certs=params["validate_certs"],
-            wait_timeout=params["wait_timeout"],
-            poll_interval=params["poll_interval"],
+            GatewayAccess(params["api_key"], params["timeout"], params["validate_certs"], params["worker_api_key"]),
+            Polling(params["wait_timeout"], params["poll_interval"]),
         )
 
 
@@ -346,19 +347,12 @@ def main():
 
     worker_url = normalize_url(params["worker_url"], "worker_url")
     base = dict(worker_url=worker_url, state=params["state"])
+    mode = ChangeMode(wait=params["wait"], check_mode=module.check_mode, unreachable=params["unreachable"])
     try:
         if params["state"] == "present":
-            result = gateways.add(
-                worker_url, wait=params["wait"], check_mode=module.check_mode, unreachable=params["unreachable"]
-            )
+            result = gateways.add(worker_url, mode)
         else:
-            result = gateways.remove(
-                worker_url,
-                min_healthy=params["min_healthy"],
-                wait=params["wait"],
-                check_mode=module.check_mode,
-                unreachable=params["unreachable"],
-            )
+            result = gateways.remove(worker_url, mode, min_healthy=params["min_healthy"])
     except GatewaysUnavailable as exc:
         module.fail_json(msg=str(exc), changed=False, unavailable=[str(error) for error in exc.errors], **base)
     except RemovalRefused as exc:

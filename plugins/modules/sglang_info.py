@@ -23,6 +23,12 @@ description:
     entry of the other kind), fewer CUDA devices than the engine's layout uses (a list with MIG devices gives one, as a
     CUDA process enumerates a single MIG device), or memory held by a process outside the reach of O(gpus.unit)'s
     restart.
+  - With O(node_group), checks this host's place in a multi-node engine (one engine across several hosts) from every
+    member's own settings and returns its rank, the number of nodes and the rank-0 address; fails naming each member
+    and problem - this host not in its group, a host named twice or not in the play, group lists that differ, ranks
+    out of range, given twice or missing, tp_size that differs or does not divide by the number of hosts, a GPU list
+    that does not hold tp_size / nnodes GPUs, different models or rank-0 addresses - and when this host cannot resolve
+    or reach the rank-0 address (a refused connection counts as reached - nothing listens before the engine starts).
 author:
   - llmops.inference contributors (@llmops)
 attributes:
@@ -33,7 +39,8 @@ extends_documentation_fragment:
   - llmops.inference.read_only
 options:
   python:
-    description: The absolute path of the interpreter that runs SGLang. One of O(python) and O(gpus) is required.
+    description:
+      - The absolute path of the interpreter that runs SGLang. One of O(python), O(gpus) and O(node_group) is required.
     type: path
   version:
     description: The sglang version that must be installed (exactly, as in its dist-info). Empty accepts any.
@@ -90,6 +97,35 @@ options:
         type: str
         choices: [auto, nvml, nvidia-smi]
         default: auto
+  node_group:
+    description:
+      - A multi-node engine to check this host's place in. Only reads; the address check opens one TCP connection.
+    type: dict
+    suboptions:
+      host:
+        description: This host's name in the group (its inventory name).
+        type: str
+        required: true
+      members:
+        description: The group's hosts in rank order (inventory names), as this host lists them. Empty is one node.
+        type: list
+        elements: str
+        required: true
+      views:
+        description:
+          - Each member's own settings, by name - C(node_group), C(node_rank) (null - its position), C(tp_size),
+            C(gpus), C(model_path), C(dist_init_addr) (empty - derived), C(dist_init_port), C(address) (how the others
+            reach it). A member that is missing (not in the play) is refused.
+        type: dict
+        default: {}
+      check_address:
+        description: Also resolve and connect to the rank-0 address from this host.
+        type: bool
+        default: true
+      label:
+        description: The prefix of the variables that messages name (C(LABEL_node_group), C(LABEL_tp_size), ...).
+        type: str
+        default: sglang_service
 """
 
 EXAMPLES = r"""
@@ -108,6 +144,18 @@ EXAMPLES = r"""
       tp_size: 2
       unit: sglang-qwen.service
       label: sglang_service_gpus
+
+- name: This host's place in a two-host engine
+  llmops.inference.sglang_info:
+    node_group:
+      host: gpu-b
+      members: [gpu-a, gpu-b]
+      views:
+        gpu-a:
+          {node_group: [gpu-a, gpu-b], tp_size: 4, model_path: Qwen/Qwen3-32B, dist_init_port: 20000, address: 10.0.0.1}
+        gpu-b:
+          {node_group: [gpu-a, gpu-b], tp_size: 4, model_path: Qwen/Qwen3-32B, dist_init_port: 20000, address: 10.0.0.2}
+  register: group
 """
 
 RETURN = r"""
@@ -170,6 +218,31 @@ gpus:
       sample:
         - "sglang_service_gpus must name GPUs this host has: 7 is not one of them (this host has 0 (GPU-9f2c...),
           1 (GPU-41aa...)); got [7]"
+node_group:
+  description: This host's place in the group of O(node_group).
+  returned: when O(node_group) is set and the group can work
+  type: dict
+  contains:
+    nnodes:
+      description: The number of hosts (1 - one node, nothing to render).
+      type: int
+      sample: 2
+    node_rank:
+      description: This host's rank.
+      type: int
+      sample: 1
+    dist_init_addr:
+      description: The rank-0 address every rank meets at (HOST:PORT); empty on one node.
+      type: str
+      sample: 10.0.0.1:20000
+    gpus_per_node:
+      description: tp_size / nnodes, the GPUs each host gives the engine.
+      type: int
+      sample: 2
+    ranks:
+      description: Every member's rank, by name.
+      type: dict
+      sample: {gpu-a: 0, gpu-b: 1}
 """
 
 import os  # noqa: E402 - Ansible modules import after their docs
@@ -178,6 +251,11 @@ from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 
 from ansible_collections.llmops.inference.plugins.module_utils.gpu_selection import inspect_gpu_list  # noqa: E402
 from ansible_collections.llmops.inference.plugins.module_utils.module_support import command_runner  # noqa: E402
+from ansible_collections.llmops.inference.plugins.module_utils.node_group import (  # noqa: E402
+    NodeGroupError,
+    check_rank0_address,
+    plan_group,
+)
 from ansible_collections.llmops.inference.plugins.module_utils.sglang_install import (  # noqa: E402
     InstallError,
     TargetPython,
@@ -198,6 +276,16 @@ ARGUMENT_SPEC = dict(
             unit=dict(type="str"),
             label=dict(type="str", default="gpus"),
             backend=dict(type="str", default="auto", choices=["auto", "nvml", "nvidia-smi"]),
+        ),
+    ),
+    node_group=dict(
+        type="dict",
+        options=dict(
+            host=dict(type="str", required=True),
+            members=dict(type="list", elements="str", required=True),
+            views=dict(type="dict", default={}),
+            check_address=dict(type="bool", default=True),
+            label=dict(type="str", default="sglang_service"),
         ),
     ),
 )
@@ -238,8 +326,22 @@ def inspect_install(params: dict, run_command) -> tuple:
     return facts, None
 
 
+def inspect_node_group(params: dict) -> tuple:
+    """``(facts, problems)`` for the ``node_group`` options."""
+    try:
+        plan = plan_group(params["host"], params["members"], params["views"] or {}, params["label"])
+    except NodeGroupError as exc:
+        return {}, exc.problems
+    problem = None
+    if plan.nnodes > 1 and params["check_address"]:
+        problem = check_rank0_address(plan.dist_init_addr, params["host"], f"{params['label']}_dist_init_addr")
+    return {"node_group": plan.as_dict()}, [problem] if problem else []
+
+
 def main():
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, required_one_of=[("python", "gpus")], supports_check_mode=True)
+    module = AnsibleModule(
+        argument_spec=ARGUMENT_SPEC, required_one_of=[("python", "gpus", "node_group")], supports_check_mode=True
+    )
     run_command = command_runner(module)
     facts, problems, said = {}, [], []
     if module.params["python"]:
@@ -254,6 +356,13 @@ def main():
         problems.extend(gpu_problems)
         gpu_list = f"{module.params['gpus']['label']} [{', '.join(module.params['gpus']['devices'])}]"
         said.extend([] if gpu_problems else [f"{gpu_list} can work on this host"])
+    if module.params["node_group"]:
+        group_facts, group_problems = inspect_node_group(module.params["node_group"])
+        facts.update(group_facts)
+        problems.extend(group_problems)
+        plan = group_facts.get("node_group") or {}
+        if not group_problems and plan.get("nnodes", 1) > 1:
+            said.append(f"{module.params['node_group']['host']} is rank {plan['node_rank']} of {plan['nnodes']} nodes")
     if problems:
         module.fail_json(msg="\n".join(problems), changed=False, **facts)
     module.exit_json(msg="; ".join(said), changed=False, **facts)

@@ -210,6 +210,13 @@ options:
         atomically, for node_exporter's C(--collector.textfile.directory). Must be an absolute path ending in
         C(.prom) in an existing directory. Not written in check mode.
     type: path
+  journal_lines:
+    description:
+      - "With O(unit), when a tier fails, return the unit's last this many journal lines in RV(journal), redacted
+        (O(api_key) and the C(api_key='...'), C(--api-key X), C(api-key: X) and C(Authorization: Bearer X) forms).
+        C(0) reads no journal."
+    type: int
+    default: 0
 notes:
   - "Readiness is read from C(/ready), not C(/health). In SGLang 0.5.23 C(/health) and C(/health_generate) are one
     handler (C(health_generate) in C(sglang/srt/entrypoints/http_server.py)) that sends a one-token generation and
@@ -570,6 +577,12 @@ textfile_written:
   returned: when O(textfile_path) is set
   type: bool
   sample: true
+journal:
+  description: The unit's last O(journal_lines) journal lines after a failed tier, redacted.
+  returned: when a tier failed, with O(unit) and O(journal_lines) above 0
+  type: list
+  elements: str
+  sample: ["Dec 03 21:40:02 gw1 smg[812]: error: address already in use"]
 option:
   description: The option that was refused.
   returned: when an option is invalid
@@ -579,6 +592,7 @@ option:
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402 - Ansible modules import after their docs
 
+from ansible_collections.llmops.inference.plugins.module_utils.engine_times import journal_tail  # noqa: E402
 from ansible_collections.llmops.inference.plugins.module_utils.module_support import (  # noqa: E402
     command_runner,
     fail_refused_option,
@@ -589,7 +603,9 @@ from ansible_collections.llmops.inference.plugins.module_utils.probe_settings im
     TIER_NAMES,
     ProbeInputError,
     ProbeSettings,
+    gate_probe_spec,
 )
+from ansible_collections.llmops.inference.plugins.module_utils.redact import Redactor  # noqa: E402
 from ansible_collections.llmops.inference.plugins.module_utils.sglang import (  # noqa: E402
     SglangClient,
     server_argument_spec,
@@ -601,21 +617,15 @@ from ansible_collections.llmops.inference.plugins.module_utils.textfile import (
 
 ARGUMENT_SPEC = dict(
     server_argument_spec(),
+    **dict(gate_probe_spec(), tp_size=dict(type="int", aliases=["tp"])),
     unit=dict(type="str"),
     tiers=dict(type="list", elements="str", choices=list(TIER_NAMES), default=list(TIER_NAMES)),
     timeout=dict(type="float", default=10),
     prompt=dict(type="str", default="List the first five prime numbers."),
-    max_new_tokens=dict(type="int", default=32, no_log=False),
-    generate_timeout=dict(type="float", default=60),
     expect_regex=dict(type="str"),
     min_distinct_ratio=dict(type="float", default=0.25),
-    expected_model=dict(type="str"),
-    min_gpu_memory_mib=dict(type="int", default=1024),
     expected_gpus=dict(type="raw"),
-    tp_size=dict(type="int", aliases=["tp"]),
     gpu_backend=dict(type="str", choices=["auto", "nvml", "nvidia-smi"], default="auto"),
-    min_tokens_per_s=dict(type="float", no_log=False),
-    min_accept_length=dict(type="float"),
     stability_window=dict(type="float", default=0),
     wait_timeout=dict(type="float", default=0),
     poll_interval=dict(type="float", default=0.5),
@@ -626,6 +636,7 @@ ARGUMENT_SPEC = dict(
     unaccounted_threshold_mib=dict(type="int", default=1024),
     fail_on_unhealthy=dict(type="bool", default=True),
     textfile_path=dict(type="path"),
+    journal_lines=dict(type="int", default=0),
 )
 
 
@@ -637,14 +648,21 @@ def main():
         if params["textfile_path"]:
             with refused_as("textfile_path", ProbeInputError):
                 validate_textfile_path(params["textfile_path"])
+        with refused_as("journal_lines", ProbeInputError):
+            if params["journal_lines"] < 0:
+                raise ValueError(f"journal_lines must be 0 (no journal) or more, got {params['journal_lines']}")
     except ProbeInputError as exc:
         fail_refused_option(module, exc)
 
     client = SglangClient(
         settings.url, api_key=params["api_key"], timeout=settings.timeout, validate_certs=params["validate_certs"]
     )
-    probe = SglangProbe.for_host(settings, client, command_runner(module), params["gpu_backend"])
+    run_command = command_runner(module)
+    probe = SglangProbe.for_host(settings, client, run_command, params["gpu_backend"])
     result = dict(probe.run(), url=settings.url, changed=False)
+    if not result["healthy"] and settings.unit and params["journal_lines"] > 0:
+        lines = journal_tail(run_command, settings.unit, params["journal_lines"])
+        result["journal"] = Redactor([params["api_key"]]).value(lines)
 
     if params["textfile_path"]:
         result["textfile_written"] = not module.check_mode

@@ -355,29 +355,122 @@ healthy:
   returned: always
   type: bool
   sample: true
-failed_step:
+gate:
+  description: The chain's verdict and the gate's findings.
+  returned: always
+  type: dict
+  version_added: 0.2.0
+  contains:
+    failed_step:
+      description:
+        - The step that failed before or after the gate (C(lock), C(unit), C(gateway_drain), C(stop), C(reap),
+          C(start), C(gateway_add), C(snapshot)), or null.
+      type: str
+      sample: reap
+    failed_tier:
+      description: The gate's failed tier (C(unit), C(gpu), C(health), C(model), C(generate), C(floors)), or null.
+      type: str
+      sample: gpu
+    reason:
+      description: Why the step or tier failed, or null.
+      type: str
+      sample: "GPU 1 needs a reset or a reboot: pid 7001 (state D) holds 44000 MiB after SIGKILL"
+    tiers:
+      description:
+        - The gate's tiers, each with C(name), C(status), C(reason), C(elapsed_s) (as
+          M(llmops.inference.sglang_probe)).
+      type: list
+      elements: dict
+    attempts:
+      description: Starts the chain made (more than one when the gpu tier failed and was retried).
+      type: int
+      sample: 1
+    per_attempt:
+      description: Each attempt's gate, with C(attempt), C(healthy), C(failed_tier), C(reason), C(main_pid).
+      type: list
+      elements: dict
+    soak:
+      description: Short generations the probe ran after an unclean stop (0 after a clean one).
+      type: int
+      sample: 0
+    model:
+      description: What the server serves (C(model_path), C(served_model_name), C(ids)).
+      type: dict
+    speculative:
+      description: The server's speculative-decoding settings.
+      type: dict
+    generation:
+      description: The gate's test generation.
+      type: dict
+service:
   description:
-    - The step that failed before or after the gate (C(lock), C(unit), C(gateway_drain), C(stop), C(reap), C(start),
-      C(gateway_add), C(snapshot)), or null.
+    - The unit and its state after the chain.
   returned: always
-  type: str
-  sample: reap
-failed_tier:
-  description: The gate's failed tier (C(unit), C(gpu), C(health), C(model), C(generate), C(floors)), or null.
+  type: dict
+  version_added: 0.2.0
+  contains:
+    name:
+      description: The unit.
+      type: str
+      sample: sglang-qwen.service
+    active_state:
+      description: ActiveState after the chain.
+      type: str
+      sample: active
+    sub_state:
+      description: SubState after the chain.
+      type: str
+    result:
+      description: systemd's C(Result) of the unit after the chain (C(start-limit-hit) when systemd gave up).
+      type: str
+    main_pid:
+      description: The unit's MainPID after the chain.
+      type: int
+      sample: 4121
+    n_restarts:
+      description: NRestarts after the chain.
+      type: int
+    start_limit:
+      description: The unit's start limit in words.
+      type: str
+      sample: StartLimitBurst=3 starts within StartLimitIntervalSec=3630 s
+    stop_mode:
+      description: C(kill) (a restart loop), C(drain) (a running unit) or C(none) (nothing ran).
+      type: str
+      sample: drain
+    start:
+      description: C(queued) once the start job was queued, else null.
+      type: str
+    journal:
+      description: The journal's last O(journal_lines) lines after a failure (redacted).
+      type: list
+      elements: str
+    lock:
+      description: The lock the chain used (C(path), C(taken)).
+      type: dict
+    snapshot:
+      description: What the known-good snapshot step did, or null.
+      type: str
+      sample: snapshot saved
+gpu:
+  description: The unit's GPUs - what its processes hold, and what the reaper did.
   returned: always
-  type: str
-  sample: gpu
-reason:
-  description: Why the step or tier failed, or null.
-  returned: always
-  type: str
-  sample: "GPU 1 needs a reset or a reboot: pid 7001 (state D) holds 44000 MiB after SIGKILL"
-tiers:
-  description:
-    - The gate's tiers, each with C(name), C(status), C(reason), C(elapsed_s) (as M(llmops.inference.sglang_probe)).
-  returned: always
-  type: list
-  elements: dict
+  type: dict
+  version_added: 0.2.0
+  contains:
+    memory_mib:
+      description: MiB the unit's processes hold on each GPU (by index).
+      type: dict
+    reaped:
+      description:
+        - The processes the reaper signalled, with C(pid), C(title), C(unit), C(gpus), C(used_mib), C(signals),
+          C(exited).
+      type: list
+      elements: dict
+    unreapable:
+      description: GPU memory the reaper could not free, with C(gpu), C(uuid), C(pid), C(state), C(mib), C(evidence).
+      type: list
+      elements: dict
 steps:
   description:
     - Every step in order, each with C(name), C(attempt), C(status) (C(ok), C(failed), C(skipped), C(planned), and
@@ -387,99 +480,6 @@ steps:
   elements: dict
   sample:
     - {name: stop, attempt: 1, status: ok, detail: "active (running): stopped through its ExecStop", elapsed_s: 0.61}
-attempts:
-  description: Starts the chain made (more than one when the gpu tier failed and was retried).
-  returned: always
-  type: int
-  sample: 1
-gates:
-  description: Each attempt's gate, with C(attempt), C(healthy), C(failed_tier), C(reason), C(main_pid).
-  returned: always
-  type: list
-  elements: dict
-stop_mode:
-  description: C(kill) (a restart loop), C(drain) (a running unit) or C(none) (nothing ran).
-  returned: always
-  type: str
-  sample: drain
-reaped:
-  description:
-    - The processes the reaper signalled, with C(pid), C(title), C(unit), C(gpus), C(used_mib), C(signals),
-      C(exited).
-  returned: always
-  type: list
-  elements: dict
-unreapable:
-  description: GPU memory the reaper could not free, with C(gpu), C(uuid), C(pid), C(state), C(mib), C(evidence).
-  returned: always
-  type: list
-  elements: dict
-soak:
-  description: Short generations the probe ran after an unclean stop (0 after a clean one).
-  returned: always
-  type: int
-  sample: 0
-main_pid:
-  description: The unit's MainPID after the chain.
-  returned: always
-  type: int
-  sample: 4121
-n_restarts:
-  description: NRestarts after the chain.
-  returned: always
-  type: int
-active_state:
-  description: ActiveState after the chain.
-  returned: always
-  type: str
-  sample: active
-sub_state:
-  description: SubState after the chain.
-  returned: always
-  type: str
-result:
-  description: systemd's C(Result) of the unit after the chain (C(start-limit-hit) when systemd gave up).
-  returned: always
-  type: str
-start_limit:
-  description: The unit's start limit in words.
-  returned: always
-  type: str
-  sample: StartLimitBurst=3 starts within StartLimitIntervalSec=3630 s
-gpu_memory_mib:
-  description: MiB the unit's processes hold on each GPU (by index).
-  returned: always
-  type: dict
-model:
-  description: What the server serves (C(model_path), C(served_model_name), C(ids)).
-  returned: always
-  type: dict
-speculative:
-  description: The server's speculative-decoding settings.
-  returned: always
-  type: dict
-generation:
-  description: The gate's test generation.
-  returned: always
-  type: dict
-snapshot:
-  description: What the known-good snapshot step did, or null.
-  returned: always
-  type: str
-  sample: snapshot saved
-journal:
-  description: The journal's last O(journal_lines) lines after a failure (redacted).
-  returned: always
-  type: list
-  elements: str
-start:
-  description: C(queued) once the start job was queued, else null.
-  returned: always
-  type: str
-lock:
-  description: The lock the chain used (C(path), C(taken)).
-  returned: always
-  type: dict
 gateway:
   description:
     - With O(gateways), where the worker is - C(worker_url), C(gateways), C(min_healthy), C(removed_from) (the
@@ -514,15 +514,112 @@ elapsed_s:
   returned: always
   type: float
   sample: 13.4
-unit:
-  description: The unit.
-  returned: always
-  type: str
 option:
   description: The option that was refused.
   returned: when an option is invalid
   type: str
   sample: stability_window
+failed_step:
+  description: Deprecated - use RV(gate.failed_step), the same value; removed in 2.0.0.
+  returned: always
+  type: str
+failed_tier:
+  description: Deprecated - use RV(gate.failed_tier), the same value; removed in 2.0.0.
+  returned: always
+  type: str
+reason:
+  description: Deprecated - use RV(gate.reason), the same value; removed in 2.0.0.
+  returned: always
+  type: str
+tiers:
+  description: Deprecated - use RV(gate.tiers), the same value; removed in 2.0.0.
+  returned: always
+  type: list
+attempts:
+  description: Deprecated - use RV(gate.attempts), the same value; removed in 2.0.0.
+  returned: always
+  type: int
+gates:
+  description: Deprecated - use RV(gate.per_attempt), the same value; removed in 2.0.0.
+  returned: always
+  type: list
+soak:
+  description: Deprecated - use RV(gate.soak), the same value; removed in 2.0.0.
+  returned: always
+  type: int
+model:
+  description: Deprecated - use RV(gate.model), the same value; removed in 2.0.0.
+  returned: always
+  type: dict
+speculative:
+  description: Deprecated - use RV(gate.speculative), the same value; removed in 2.0.0.
+  returned: always
+  type: dict
+generation:
+  description: Deprecated - use RV(gate.generation), the same value; removed in 2.0.0.
+  returned: always
+  type: dict
+unit:
+  description: Deprecated - use RV(service.name), the same value; removed in 2.0.0.
+  returned: always
+  type: str
+  sample: sglang-qwen.service
+active_state:
+  description: Deprecated - use RV(service.active_state), the same value; removed in 2.0.0.
+  returned: always
+  type: str
+sub_state:
+  description: Deprecated - use RV(service.sub_state), the same value; removed in 2.0.0.
+  returned: always
+  type: str
+result:
+  description: Deprecated - use RV(service.result), the same value; removed in 2.0.0.
+  returned: always
+  type: str
+main_pid:
+  description: Deprecated - use RV(service.main_pid), the same value; removed in 2.0.0.
+  returned: always
+  type: int
+n_restarts:
+  description: Deprecated - use RV(service.n_restarts), the same value; removed in 2.0.0.
+  returned: always
+  type: int
+start_limit:
+  description: Deprecated - use RV(service.start_limit), the same value; removed in 2.0.0.
+  returned: always
+  type: str
+stop_mode:
+  description: Deprecated - use RV(service.stop_mode), the same value; removed in 2.0.0.
+  returned: always
+  type: str
+start:
+  description: Deprecated - use RV(service.start), the same value; removed in 2.0.0.
+  returned: always
+  type: str
+journal:
+  description: Deprecated - use RV(service.journal), the same value; removed in 2.0.0.
+  returned: always
+  type: list
+lock:
+  description: Deprecated - use RV(service.lock), the same value; removed in 2.0.0.
+  returned: always
+  type: dict
+snapshot:
+  description: Deprecated - use RV(service.snapshot), the same value; removed in 2.0.0.
+  returned: always
+  type: str
+gpu_memory_mib:
+  description: Deprecated - use RV(gpu.memory_mib), the same value; removed in 2.0.0.
+  returned: always
+  type: dict
+reaped:
+  description: Deprecated - use RV(gpu.reaped), the same value; removed in 2.0.0.
+  returned: always
+  type: list
+unreapable:
+  description: Deprecated - use RV(gpu.unreapable), the same value; removed in 2.0.0.
+  returned: always
+  type: list
 """
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402 - Ansible modules import after their docs
@@ -531,77 +628,13 @@ from ansible_collections.llmops.inference.plugins.module_utils.module_support im
     command_runner,
     fail_refused_option,
 )
-from ansible_collections.llmops.inference.plugins.module_utils.restart_chain import (  # noqa: E402
+from ansible_collections.llmops.inference.plugins.module_utils.restart.chain import RestartChain  # noqa: E402
+from ansible_collections.llmops.inference.plugins.module_utils.restart.options import (  # noqa: E402
+    ARGUMENT_SPEC,
     ChainInputError,
-    RestartChain,
     parse_chain_options,
 )
-from ansible_collections.llmops.inference.plugins.module_utils.sglang import server_argument_spec  # noqa: E402
-
-ARGUMENT_SPEC = dict(
-    server_argument_spec(),
-    unit=dict(type="str", required=True),
-    gpus=dict(type="list", elements="str", default=[]),
-    ready_timeout=dict(type="float", default=1260),
-    ready_when_active=dict(type="bool", default=False),
-    stability_window=dict(type="float", default=5),
-    soak=dict(type="int", default=3),
-    max_starts=dict(type="int"),
-    reap=dict(
-        type="dict",
-        default={},
-        options=dict(
-            grace=dict(type="float", default=10),
-            timeout=dict(type="float", default=60),
-            threshold_mib=dict(type="int", default=1024),
-        ),
-    ),
-    probe=dict(
-        type="dict",
-        default={},
-        options=dict(
-            expected_model=dict(type="str"),
-            min_gpu_memory_mib=dict(type="int", default=1024),
-            max_new_tokens=dict(type="int", default=32, no_log=False),
-            generate_timeout=dict(type="float", default=60),
-            min_tokens_per_s=dict(type="float", no_log=False),
-            min_accept_length=dict(type="float"),
-            tp_size=dict(type="int"),
-        ),
-    ),
-    lock=dict(
-        type="dict",
-        default={},
-        options=dict(
-            path=dict(type="path"),
-            token=dict(type="str", no_log=False),
-            owner=dict(type="dict", default={}),
-            timeout=dict(type="float", default=600),
-            lease=dict(type="float", default=3600),
-        ),
-    ),
-    known_good=dict(
-        type="dict",
-        default={},
-        options=dict(
-            root=dict(type="path"),
-            files=dict(type="dict", default={}),
-            dropin_dir=dict(type="path"),
-            patch_state_id=dict(type="str", default="unknown"),
-            python=dict(type="path"),
-        ),
-    ),
-    journal_lines=dict(type="int", default=30),
-    gateways=dict(type="list", elements="str", default=[]),
-    gateway_api_key=dict(type="str", no_log=True),
-    gateway_worker_url=dict(type="str"),
-    gateway_min_healthy=dict(type="int", default=1),
-    gateway_wait_timeout=dict(type="float", default=120),
-    gateway_unreachable=dict(type="str", choices=["fail", "warn"], default="fail"),
-    drain_timeout=dict(type="float", default=120),
-    redact=dict(type="list", elements="str", default=[], no_log=True),
-    fail_on_unhealthy=dict(type="bool", default=True),
-)
+from ansible_collections.llmops.inference.plugins.module_utils.restart.runners import Runners  # noqa: E402
 
 
 def main():
@@ -610,13 +643,13 @@ def main():
         options = parse_chain_options(module.params)
     except ChainInputError as exc:
         fail_refused_option(module, exc)
-    result = RestartChain(options, command_runner(module)).run(check_mode=module.check_mode)
+    result = RestartChain(options, Runners(command_runner(module))).run(check_mode=module.check_mode)
     for warning in result.pop("warnings", []):
         module.warn(warning)
     diff = result.pop("diff")
     if module._diff:
         result["diff"] = diff
-    if result["failed_step"] or (result["healthy"] is False and module.params["fail_on_unhealthy"]):
+    if result["gate"]["failed_step"] or (result["healthy"] is False and module.params["fail_on_unhealthy"]):
         module.fail_json(**result)
     module.exit_json(**result)
 

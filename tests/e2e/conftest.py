@@ -145,8 +145,10 @@ class Lab:
         timeout: float = 1200,
         inventories: tuple = (),
         verbosity: int = 0,
+        tags: str | None = None,
     ) -> subprocess.CompletedProcess:
-        """Run a playbook against the lab's inventory, with ``inventories`` (paths) layered over it."""
+        """Run a playbook against the lab's inventory, with ``inventories`` (paths) layered over it; ``tags`` goes to
+        ``--tags``."""
         # The plays of tests/e2e/playbooks run on svc_test_host; any other playbook may reach every host.
         self._use(limit or (extra_vars or {}).get("svc_test_host"))
         cmd = ["ansible-playbook", "-i", str(self.inventory)]
@@ -163,6 +165,8 @@ class Lab:
             cmd.append("--diff")
         if limit:
             cmd += ["--limit", limit]
+        if tags:
+            cmd += ["--tags", tags]
         return subprocess.run(cmd, capture_output=True, text=True, env=self.env(), timeout=timeout, check=False)
 
     def reset(self, hosts: list[str] | None = None) -> None:

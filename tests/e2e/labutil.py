@@ -218,11 +218,22 @@ FORCE_REINSTALL = (
 )
 
 
+def fleet_of(lab, count: int):
+    """The lab's first ``count`` hosts as a fleet of their own: ``run_playbook`` deploys and rolls back only them.
+
+    The caller resets the whole lab when it is done (``lab.reset()``)."""
+    assert len(lab.hosts) >= count, f"this fleet needs {count} lab hosts, the lab has {len(lab.hosts)}"
+    return type(lab)(lab.name, lab.inventory, lab.hosts[:count])
+
+
 def run_playbook(lab, playbook, tmp_path, name, extra=None, inventories=()):
-    """Run a fleet playbook with the lab layer; return (process, {host: record}) from its JSON summary."""
+    """Run a fleet playbook with the lab layer on ``lab.hosts`` (unless ``extra`` names the hosts); return
+    (process, {host: record}) from its JSON summary."""
     summary = tmp_path / f"{name}.json"
-    knob = "rollback_summary_path" if playbook == ROLLBACK else "deploy_summary_path"
-    proc = lab.playbook(playbook, {knob: str(summary), **(extra or {})}, inventories=(LAB_LAYER, *inventories))
+    rollback = playbook == ROLLBACK
+    knob = "rollback_summary_path" if rollback else "deploy_summary_path"
+    hosts = {"rollback_hosts" if rollback else "deploy_hosts": ",".join(lab.hosts)}
+    proc = lab.playbook(playbook, {knob: str(summary), **hosts, **(extra or {})}, inventories=(LAB_LAYER, *inventories))
     records = {}
     if summary.exists():
         records = {row["host"]: row for row in json.loads(summary.read_text())["hosts"]}

@@ -18,6 +18,7 @@ import argparse
 import http.client
 import ipaddress
 import json
+import os
 import socket
 import sys
 import threading
@@ -81,6 +82,7 @@ class LoadSettings:
         api_key: str | None = None,
         timeout: float = 60.0,
         networks=LAB_NETWORKS,
+        stop_file: str | None = None,
     ):
         if concurrency < 1 or concurrency > 1024:
             raise LoadError(f"--concurrency must be from 1 to 1024, got {concurrency}")
@@ -106,6 +108,7 @@ class LoadSettings:
         self.model = model
         self.api_key = api_key
         self.timeout = timeout
+        self.stop_file = stop_file
 
     def request(self, number: int) -> tuple:
         """(path, body) of request ``number``; SGLang stops early only at a stop string, ignore_eos keeps lengths."""
@@ -217,6 +220,8 @@ def run_load(settings: LoadSettings) -> dict:
         with lock:
             if issued[0] >= settings.requests or time.monotonic() >= stop_at:
                 return None
+            if settings.stop_file and os.path.exists(settings.stop_file):
+                return None
             issued[0] += 1
             return issued[0]
 
@@ -299,6 +304,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--allow-network", action="append", default=[], help="another allowed CIDR (repeatable)")
     parser.add_argument("--out", help="write the summary and every record to this JSON file")
     parser.add_argument("--ready-file", help="write the start time to this file when the run starts")
+    parser.add_argument("--stop-file", help="send no new request once this file exists (the run then ends early)")
     return parser.parse_args(argv)
 
 
@@ -320,6 +326,7 @@ def main(argv=None) -> int:
             api_key=api_key,
             timeout=args.timeout,
             networks=(*LAB_NETWORKS, *args.allow_network),
+            stop_file=args.stop_file,
         )
     except (LoadError, OSError, ValueError) as exc:
         print(f"loadgen: {exc}", file=sys.stderr)

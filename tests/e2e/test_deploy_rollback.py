@@ -1,9 +1,13 @@
-"""playbooks/deploy.yml and playbooks/rollback.yml on a 3-host lab fleet (real systemd, sshd, sglang sources).
+"""playbooks/deploy.yml and playbooks/rollback.yml on a 2-host lab fleet (real systemd, sshd, sglang sources).
 
 The playbooks run with the lab's inventory layer (tests/lab/inventory: the simulated engine, short load times)
 over the inventory the lab CLI writes, as `make demo` does. The tests run in order and share the fleet's state:
-a clean deploy, a rollback, a bad patch set, a host lost mid-deploy, two deploys at once. Every test leaves all
-hosts serving on pristine sources.
+a clean deploy, a rollback, a bad patch set, a host lost mid-deploy, two deploys at once. Every test leaves the
+fleet's hosts serving on pristine sources.
+
+Two hosts are enough for each claim about "every host" (batches of 100% run them together, a rollback returns
+both) and for a host lost while another goes on; only the bad patch set needs a third host, one batch later,
+that the rollout never starts.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from labutil import (
     REPO,
     ROLLBACK,
     VENV_PYTHON,
+    fleet_of,
     main_pid,
     outcomes,
     output,
@@ -47,7 +52,7 @@ EAGLE_LAB = {"sglang_patch_set_name": "eagle_lab", "sglang_patch_files": [str(EX
 @pytest.fixture(scope="module")
 def fleet(lab):
     lab.reset_used()
-    yield lab
+    yield fleet_of(lab, 2)
     for host in lab.hosts:
         lab.module(host, "llmops.inference.source_patch", PRISTINE)
     lab.reset()
@@ -135,8 +140,11 @@ def test_rollback_returns_every_host_to_the_previous_known_good(fleet, tmp_path)
     assert {host: main_pid(fleet, host) for host in fleet.hosts} == pids
 
 
-def test_a_bad_patch_set_rolls_its_host_back_and_stops_the_rollout(fleet, tmp_path):
-    good, bad, later = fleet.hosts
+def test_a_bad_patch_set_rolls_its_host_back_and_stops_the_rollout(lab, fleet, tmp_path):
+    # The fleet's two hosts in the first batch, a third one (never deployed) in the batch the failure stops.
+    good, bad = fleet.hosts
+    assert len(lab.hosts) >= 3, "set LLMOPS_LAB_HOSTS=3"
+    later = next(host for host in lab.hosts if host not in fleet.hosts)
     broken = tmp_path / "spec_info.py"
     broken.write_text("class SpeculativeAlgorithm(:\n")
     per_host = tmp_path / "inventory.yml"
@@ -156,13 +164,13 @@ def test_a_bad_patch_set_rolls_its_host_back_and_stops_the_rollout(fleet, tmp_pa
             }
         )
     )
-    untouched = main_pid(fleet, later)
+    untouched = main_pid(lab, later)
     proc, records = run(
         fleet,
         DEPLOY,
         tmp_path,
         "bad",
-        {"deploy_batch": 2, "deploy_rollback_batch_on_failure": True},
+        {"deploy_batch": 2, "deploy_rollback_batch_on_failure": True, "deploy_hosts": f"{good},{bad},{later}"},
         inventories=(per_host,),
     )
     assert proc.returncode != 0, output(proc)
@@ -176,7 +184,7 @@ def test_a_bad_patch_set_rolls_its_host_back_and_stops_the_rollout(fleet, tmp_pa
     for host in (good, bad):
         assert serves(fleet, host)["healthy"]
         assert verify_sources(fleet, host)["verify"]["pristine"]
-    assert main_pid(fleet, later) == untouched
+    assert main_pid(lab, later) == untouched
 
 
 def test_a_host_lost_mid_deploy_converges_on_the_next_run(fleet, tmp_path):

@@ -1,4 +1,4 @@
-"""Known-good snapshots that can always be restored, on a 3-host lab fleet (real systemd, sshd, sglang sources).
+"""Known-good snapshots that can always be restored, on a 2-host lab fleet (real systemd, sshd, sglang sources).
 
 Deploy patch set A, then patch set B (each with its own unit), then rollback.yml: every host returns to A's unit
 files and to A's sources byte for byte (checked against the checksums A's snapshot recorded), serving, through the
@@ -6,7 +6,8 @@ gate. Rolling back again toggles to B (the contract in docs/fleet_scale.md). Sou
 behind the collection's back come back with `rollback_snapshot=current`. A snapshot whose stored content is
 missing or damaged is refused before any host changes, naming what is missing. The tests run in order and share
 the fleet's state. Every snapshot checked is the one the playbooks' restart chains saved: the tests never save one
-themselves, so a chain that stopped recording the sources fails them.
+themselves, so a chain that stopped recording the sources fails them. Two hosts show that every host of a
+batch returns (each keeps snapshots of its own); a third would repeat the same steps.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from labutil import (
     FORCE_REINSTALL,
     REPO,
     ROLLBACK,
+    fleet_of,
     known_good,
     main_pid,
     outcomes,
@@ -57,7 +59,7 @@ SITE = "/opt/sglang/venv/lib/python3.11/site-packages"
 @pytest.fixture(scope="module")
 def fleet(lab):
     lab.reset_used()
-    yield lab
+    yield fleet_of(lab, 2)
     lab.reset()
 
 

@@ -183,6 +183,26 @@ def test_bad_role_input_is_named_and_changes_nothing(lab, topology):
     assert lab.exec(host, "test -e /tmp/pwned").returncode != 0
 
 
+def test_a_gateway_that_does_not_come_up_fails_with_its_state_and_journal_and_no_key(lab, topology):
+    """smg refuses a flag (its value the API key): the host fails with the probe's reason, the unit's state
+    (systemd_service's status) and the journal's tail (sglang_probe's, through the shared redactor); no key shows.
+    The next good run brings the gateway back."""
+    host = lab.hosts[1]
+    bad = apply_gateway_role(
+        lab, host, {"sglang_gateway_api_key": KEY, "sglang_gateway_extra_args": ["--no-such-flag", KEY]}
+    )
+    output = bad.stdout + bad.stderr
+    assert bad.returncode != 0
+    assert f"{GATEWAY_UNIT} did not come up within 60 s: " in output, output[-4000:]
+    assert "ActiveState=" in output and "NRestarts=" in output, output[-4000:]
+    assert "unrecognized arguments: --no-such-flag" in output, output[-4000:]
+    assert KEY not in output
+    sh(lab, host, f"systemctl reset-failed {GATEWAY_UNIT}; true")
+    good = apply_gateway_role(lab, host, {"sglang_gateway_api_key": KEY})
+    assert good.returncode == 0, good.stdout[-4000:]
+    assert unit_properties(lab, host, ["ActiveState"])["ActiveState"] == "active"
+
+
 def test_the_module_adds_each_engine_to_both_replicas(lab, topology):
     for worker in workers(topology):
         checked = membership(lab, topology, "present", worker, _check=True, _diff=True)

@@ -285,8 +285,8 @@ def test_a_patch_that_makes_the_output_degenerate_fails_the_gate_until_restored_
         restored = succeeded(proc, host, facts)
         assert restored["patch_state_id"] == "pristine"
         gate = restored["gate"]
-        assert gate["healthy"] is True and int(gate["main_pid"]) not in (before_patch, patched), gate
-        generate = next(tier for tier in gate["tiers"] if tier["name"] == "generate")
+        assert gate["healthy"] is True and int(gate["service"]["main_pid"]) not in (before_patch, patched), gate
+        generate = next(tier for tier in gate["gate"]["tiers"] if tier["name"] == "generate")
         assert generate["status"] == "ok" and "degenerate" not in generate["reason"], generate
         assert_pristine(lab, host)
         assert json.loads(sh(lab, host, f"cat {known_good}"))["patch_state_id"] == "pristine"

@@ -56,7 +56,7 @@ def test_fresh_host_serves_quoted_arguments_and_a_rerun_changes_nothing(clean_la
     assert first.ok, first.output
     gate = first.gate()
     assert gate["healthy"] is True, gate
-    assert {"0", "1"} <= set(gate["gpu_memory_mib"])  # the unit's GPUs, among all the host has
+    assert {"0", "1"} <= set(gate["gpu"]["memory_mib"])  # the unit's GPUs, among all the host has
 
     unit = sh(clean_lab, host, f"cat /etc/systemd/system/{UNIT}")
     for line in (
@@ -104,6 +104,21 @@ def test_fresh_host_serves_quoted_arguments_and_a_rerun_changes_nothing(clean_la
     after = show(clean_lab, host)
     assert int(after["MainPID"]) == pid
     assert after["NRestarts"] == "0"
+
+    # --tags sglang_service_restart: the restart chain runs (a new engine, through the gate), nothing else changes.
+    files = f"/etc/systemd/system/{UNIT} /etc/llmops/{NAME}.env {CONFIG}"
+    written = sh(clean_lab, host, f"stat -c '%n %Y %s' {files}; sha256sum {files}")
+    forced = run_play(clean_lab, tmp_path, host, "service_role", settings, "forced", tags="sglang_service_restart")
+    assert forced.ok, forced.output
+    # The fact sglang_service_gate comes from the chain's module alone.
+    assert forced.gate()["healthy"] is True, forced.gate()
+    # Two changes: the request for the restart and the chain it notified.
+    assert forced.changed(host) == 2, forced.output
+    assert sh(clean_lab, host, f"stat -c '%n %Y %s' {files}; sha256sum {files}") == written
+    forced_pid = int(show(clean_lab, host)["MainPID"])
+    assert forced_pid not in (0, pid), (pid, forced_pid)
+    assert show(clean_lab, host)["NRestarts"] == "0"  # systemd did not restart it on its own: the chain did
+    pid = forced_pid
 
     # The ExecStartPre gate refuses to start while another process holds GPU memory, and names it.
     sh(clean_lab, host, f"systemctl stop {UNIT}")

@@ -60,7 +60,7 @@ def check_two_services(lab, host, tmp_path) -> None:
         run = run_play(lab, tmp_path, host, "service_role", service, f"up-{label}")
         assert run.ok, run.output
         assert run.gate()["healthy"] is True
-        assert set(run.gate()["gpu_memory_mib"]) >= ({"0", "1"} if label == "a" else {"2", "3"})
+        assert set(run.gate()["gpu"]["memory_mib"]) >= ({"0", "1"} if label == "a" else {"2", "3"})
         assert ("WARNING: no nvcc on" in run.output) is (label == "a"), run.output
         if label == "a":
             sh(lab, host, f"mkdir -p {CUDA}/bin && printf '#!/bin/sh\\n' > {NVCC} && chmod +x {NVCC}")
@@ -81,7 +81,7 @@ def check_two_services(lab, host, tmp_path) -> None:
     restart_a = run_play(lab, tmp_path, host, "service_restart", A, "restart-a")
     assert restart_a.ok, restart_a.output
     gate_a = restart_a.gate()
-    assert gate_a["healthy"] is True and gate_a["reaped"] == []
+    assert gate_a["healthy"] is True and gate_a["gpu"]["reaped"] == []
     assert unit_show(lab, host, unit_b) == before_b
     assert {pid: gpus for pid, gpus in gpu_claims(lab, host).items() if unit_of(lab, host, pid) == unit_b} == claims_b
     assert gpus_of(lab, host, unit_a) == {0, 1}
@@ -91,7 +91,7 @@ def check_two_services(lab, host, tmp_path) -> None:
     assert restart_b.ok, restart_b.output
     assert restart_b.gate()["healthy"] is True
     assert gpus_of(lab, host, unit_b) == {2, 3}
-    assert unit_show(lab, host, unit_a)["MainPID"] == str(gate_a["main_pid"])
+    assert unit_show(lab, host, unit_a)["MainPID"] == str(gate_a["service"]["main_pid"])
 
 
 # One engine at TP 1 on GPU 0 of a 2-GPU host, with a drop-in of its own; another unit holds GPU 1.

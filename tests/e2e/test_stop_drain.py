@@ -292,12 +292,14 @@ def test_a_gateway_drained_restart_under_steady_load_loses_nothing(lab, host, tm
     assert join.gate()["gateway"]["in_gateways"] is True
     mark = since_now(lab, host)
     time.sleep(1)
-    out = "/run/stop_gateway_load.json"
+    out, stop = "/run/stop_gateway_load.json", "/run/stop_gateway_load.stop"
+    # The load sends until the stop file exists (at most 180 s): both restarts run under it, then it ends.
     sh(
         lab,
         host,
-        f"rm -f {out}; (python3 /run/loadgen.py --url {GATEWAY} --concurrency 16 --duration 180 --max-new-tokens 60 "
-        f"--api-key-file /run/stop_drain.key --timeout 120 --out {out}) </dev/null >/dev/null 2>&1 &",
+        f"rm -f {out} {stop}; (python3 /run/loadgen.py --url {GATEWAY} --concurrency 16 --duration 180 "
+        f"--max-new-tokens 60 --api-key-file /run/stop_drain.key --timeout 120 --out {out} --stop-file {stop}) "
+        "</dev/null >/dev/null 2>&1 &",
     )
     # Two restarts under the load, each through the gateway drain.
     for attempt in (1, 2):
@@ -308,6 +310,7 @@ def test_a_gateway_drained_restart_under_steady_load_loses_nothing(lab, host, tm
         assert gate["healthy"] is True and gate["gateway"]["in_gateways"] is True, gate
     # Both restarts ran under the load: it was still sending when the second ended.
     assert lab.exec(host, "pgrep -f '^python3 /run/loadgen.py'").returncode == 0
+    sh(lab, host, f"touch {stop}")
     # Only the summary: the records of every request would make a long answer.
     read = f'python3 -c \'import json; print(json.dumps(json.load(open("{out}"))["summary"]))\''
     # The load writes its file as it ends: read it once the process is gone, never half-written.

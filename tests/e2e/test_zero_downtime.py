@@ -1,7 +1,9 @@
 """Rolling deploys through the real gateway lose no request: deploy.yml and rollback.yml behind two smg replicas.
 
-Three lab hosts run the fleet's engine (the sglang_service role through deploy.yml, listening on their lab address);
-the first two also run a gateway replica (the sglang_gateway role, real smg 1.13.0). The inventory names both
+Two lab hosts run the fleet's engine (the sglang_service role through deploy.yml, listening on their lab address)
+and a gateway replica each (the sglang_gateway role, real smg 1.13.0). Two engines are enough: with one host per
+batch, the other serves every request while one restarts, which is the whole claim; a third host would only add
+restarts. The inventory names both
 replicas in sglang_service_gateways, so every restart chain takes its engine out of both, waits until the engine
 has nothing in flight, restarts it, and adds it back once its gate passed. Streaming clients send long requests
 through the first replica for the length of each run; the tests count the requests that failed or were cut short,
@@ -119,12 +121,14 @@ def write_inventory(tmp_path, name: str, topology: dict, per_host: dict | None =
 
 def deploy(lab, tmp_path, topology, name, extra=None, per_host=None):
     layer = write_inventory(tmp_path, name, topology, per_host)
-    return run(lab, DEPLOY, tmp_path, name, {"deploy_batch": 1, **(extra or {})}, inventories=(layer,))
+    knobs = {"deploy_batch": 1, "deploy_hosts": ",".join(topology["hosts"]), **(extra or {})}
+    return run(lab, DEPLOY, tmp_path, name, knobs, inventories=(layer,))
 
 
 def rollback(lab, tmp_path, topology, name, extra=None):
     layer = write_inventory(tmp_path, name, topology)
-    return run(lab, ROLLBACK, tmp_path, name, {"rollback_batch": 1, **(extra or {})}, inventories=(layer,))
+    knobs = {"rollback_batch": 1, "rollback_hosts": ",".join(topology["hosts"]), **(extra or {})}
+    return run(lab, ROLLBACK, tmp_path, name, knobs, inventories=(layer,))
 
 
 def listed(lab, topology) -> dict:
@@ -150,11 +154,11 @@ def restart_chain(lab, host, topology, **options) -> dict:
 
 @pytest.fixture(scope="module")
 def topology(lab, tmp_path_factory):
-    assert len(lab.hosts) >= 3, "set LLMOPS_LAB_HOSTS=3"
-    hosts = lab.hosts[:3]
+    assert len(lab.hosts) >= 2, "set LLMOPS_LAB_HOSTS=2"
+    hosts = lab.hosts[:2]
     lab.reset()
     addresses = connect_hosts(lab)
-    gateway_hosts = hosts[:2]
+    gateway_hosts = hosts
     role = apply_gateway_role(lab, ":".join(gateway_hosts), {"sglang_gateway_api_key": KEY})
     assert role.returncode == 0, role.stdout[-4000:] + role.stderr[-2000:]
     found = {
@@ -173,7 +177,7 @@ def topology(lab, tmp_path_factory):
 
 
 def test_bad_gateway_input_is_a_clear_error_and_no_host_is_stopped(lab, topology):
-    host = topology["hosts"][2]
+    host = topology["hosts"][-1]
     pid = main_pid(lab, host)
     nothing_listens = f"http://{topology['workers'][host].split('//')[1].split(':')[0]}:30099"
     cases = [
@@ -191,7 +195,7 @@ def test_bad_gateway_input_is_a_clear_error_and_no_host_is_stopped(lab, topology
 
 
 def test_a_restart_leaves_both_replicas_and_rejoins_both(lab, topology):
-    host = topology["hosts"][2]
+    host = topology["hosts"][-1]
     pid = main_pid(lab, host)
     result = restart_chain(lab, host, topology)
     assert result.get("healthy") is True, result
@@ -208,14 +212,15 @@ def test_a_restart_leaves_both_replicas_and_rejoins_both(lab, topology):
 
 
 def test_one_replica_down_fails_before_any_host_is_stopped(lab, topology):
-    host = topology["hosts"][2]
+    # The engine of the first host, the replica of the second: the replica that is down is not the engine's own.
+    host = topology["hosts"][0]
     down = topology["gateway_hosts"][1]
     pid = main_pid(lab, host)
     sh(lab, down, f"systemctl stop {GATEWAY_UNIT}")
     try:
         result = restart_chain(lab, host, topology)
         assert result["_status"] == "FAILED!", result
-        assert result["failed_step"] == "gateway_drain"
+        assert result["gate"]["failed_step"] == "gateway_drain"
         failed_at = f"{FLEET_UNIT} restart chain failed at gateway_drain: "
         assert result["msg"].startswith(failed_at + "1 of 2 gateway(s) cannot be used, nothing was changed:")
         assert f"gateway {topology['gateways'][1]}: cannot reach it" in result["msg"]
@@ -320,7 +325,7 @@ def test_a_deploy_that_would_remove_the_last_healthy_worker_refuses_before_touch
 
 
 def test_a_host_whose_gate_fails_stays_out_of_the_gateways_while_the_others_serve(lab, topology, tmp_path, capsys):
-    bad = topology["hosts"][2]
+    bad = topology["hosts"][-1]
     load = Load(topology["gateways"][0])
     started = time.monotonic()
     faulty = {bad: {"sglang_service_environment": {**release(), "SGLANG_SIM_FAULTS": "degenerate"}}}

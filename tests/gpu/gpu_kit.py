@@ -61,14 +61,21 @@ class KitError(Exception):
 
 def import_collection(root: Path):
     """Make this checkout importable as ansible_collections.llmops.inference under ``root`` (a link to it) and return
-    the collection's gpu, reaper, gpu_gate, procs and systemd modules."""
+    the collection's gpu_query, gpu_smi, reaper, gpu_gate, procs and systemd modules."""
     namespace = root / "ansible_collections" / "llmops"
     namespace.mkdir(parents=True)
     (namespace / "inference").symlink_to(REPO)
     sys.path.insert(0, str(root))
-    from ansible_collections.llmops.inference.plugins.module_utils import gpu, gpu_gate, procs, reaper, systemd
+    from ansible_collections.llmops.inference.plugins.module_utils import (
+        gpu_gate,
+        gpu_query,
+        gpu_smi,
+        procs,
+        reaper,
+        systemd,
+    )
 
-    return gpu, reaper, gpu_gate, procs, systemd
+    return gpu_query, gpu_smi, reaper, gpu_gate, procs, systemd
 
 
 def _scalar_setting(paths, name: str) -> str:
@@ -155,7 +162,9 @@ class Kit:
     # -- setup --
 
     def setup(self) -> None:
-        self.gpu, self.reaper, self.gate, self.procs, self.systemd = import_collection(self.run_dir / "collections")
+        self.gpu_query, self.gpu_smi, self.reaper, self.gate, self.procs, self.systemd = import_collection(
+            self.run_dir / "collections"
+        )
         self.settings = collection_settings()
         self.result["collection_settings"] = self.settings
         try:
@@ -214,7 +223,7 @@ class Kit:
         self.boards = boards
         self.result["boards"] = boards
         self.handles = {board["index"]: nvml.handle(board["index"]) for board in boards}
-        backend_used, gpus = self.gpu.query_gpus("auto", self.gpu.default_run_command)
+        backend_used, gpus = self.gpu_query.query_gpus("auto", self.gpu_smi.default_run_command)
         self.result["collection_inventory_backend"] = backend_used
         self.result["collection_inventory_idle"] = [gpu.as_dict() for gpu in gpus]
         for board in boards:
@@ -616,7 +625,7 @@ class Kit:
         report = self._parent_report("unit", timeout=max(self.left() / 2, 1))
         pids = {int(pid) for pid in report["holders"]}
         deadline = time.monotonic() + 30
-        while self.systemd.show_unit(self.gpu.default_run_command, unit).is_running:
+        while self.systemd.show_unit(self.gpu_smi.default_run_command, unit).is_running:
             if time.monotonic() > deadline:
                 raise KitError(f"{unit} still running 30 s after its main process exited")
             time.sleep(0.1)
@@ -645,7 +654,7 @@ class Kit:
         started = time.monotonic()
         try:
             options = self.reaper.parse_options(params)
-            result = self.reaper.GpuReaper(options, self.gpu.default_run_command).run(check_mode=False)
+            result = self.reaper.GpuReaper(options, self.gpu_smi.default_run_command).run(check_mode=False)
         except self.reaper.ReapError as exc:
             result = dict(exc.result, failed=True, msg=str(exc))
         result["params"] = params

@@ -8,6 +8,7 @@ import stat
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 SPEC = importlib.util.spec_from_file_location("molecule_all", REPO / "extensions" / "molecule_all.py")
@@ -69,3 +70,68 @@ def test_bad_input_is_named_and_runs_nothing(tmp_path, capsys, args, message):
     assert exited.value.code == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "calls").exists()
+
+
+def fake_lab(tmp_path: Path, hosts: int = 5, up_fails: bool = False) -> str:
+    """A stand-in for tests/lab/lab: logs each call; ``up`` writes an inventory of ``hosts`` hosts, prints its path."""
+    inventory = tmp_path / "lab-inventory.yml"
+    rows = "".join(
+        f"        molx{i}:\n          ansible_host: 10.0.0.{i}\n          lab_gpu_count: 4\n"
+        for i in range(1, hosts + 1)
+    )
+    inventory.write_text(f"all:\n  children:\n    lab:\n      hosts:\n{rows}      vars:\n        ansible_user: root\n")
+    script = tmp_path / "lab"
+    up = "echo 'boot failed' >&2; exit 4" if up_fails else f"echo {inventory}"
+    script.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "lab-calls"}\n[ "$1" = up ] && {{ {up}; }}\nexit 0\n')
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return str(script)
+
+
+def sharing_molecule(tmp_path: Path, failing: str = "") -> str:
+    """A stand-in for molecule that keeps the shared lab's name and the inventory it was given."""
+    script = tmp_path / "molecule"
+    script.write_text(
+        "#!/bin/sh\n"
+        f'echo "$3 $MOLECULE_SHARED_LAB" >> {tmp_path / "calls"}\n'
+        f'cp "$MOLECULE_SHARED_INVENTORY" {tmp_path}/"$3".inventory.yml\n'
+        f'[ "$3" = "{failing}" ] && exit 3\nexit 0\n'
+    )
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return str(script)
+
+
+def test_a_shared_lab_boots_once_gives_each_scenario_hosts_of_its_own_and_goes_down_after_a_failure(tmp_path):
+
+    out = io.StringIO()
+    args = ["--workers", "2", "--shared-lab", "molx", "--lab-cli", fake_lab(tmp_path)]
+    code = molecule_all.main([*args, "--molecule", sharing_molecule(tmp_path, failing="sglang_patch")], out=out)
+    assert code == 1
+    requests = {name: molecule_all.lab_request(name) for name in molecule_all.scenarios()}
+    hosts = sum(request["hosts"] for request in requests.values())
+    assert (tmp_path / "lab-calls").read_text().splitlines() == [
+        f"up --name molx --hosts {hosts} --gpus 4",
+        "down --name molx",
+    ]
+    assert sorted((tmp_path / "calls").read_text().splitlines()) == sorted(f"{name} molx" for name in requests)
+    given = {}
+    for name, request in requests.items():
+        inventory = yaml.safe_load((tmp_path / f"{name}.inventory.yml").read_text())["all"]["children"]["lab"]
+        # the names the scenario's own files use, each an alias of a host of the shared lab
+        assert list(inventory["hosts"]) == [f"{request['lab']}{i}" for i in range(1, request["hosts"] + 1)]
+        assert inventory["vars"] == {"ansible_user": "root"}
+        for variables in inventory["hosts"].values():
+            assert variables["ansible_host"] == f"10.0.0.{variables['lab_host'][4:]}"
+            given[variables["lab_host"]] = name
+    assert len(given) == hosts  # no host serves two scenarios
+    assert requests["sglang_service_failures"] == {"lab": "molf", "hosts": 2, "gpus": 2}
+
+
+def test_a_shared_lab_that_does_not_boot_fails_every_scenario_and_is_taken_down(tmp_path):
+    out = io.StringIO()
+    args = ["--shared-lab", "molx", "--lab-cli", fake_lab(tmp_path, up_fails=True), "sglang_patch"]
+    code = molecule_all.main([*args, "--molecule", sharing_molecule(tmp_path)], out=out)
+    assert code == 1
+    assert not (tmp_path / "calls").exists()
+    assert (tmp_path / "lab-calls").read_text().splitlines()[-1] == "down --name molx"
+    assert "lab up --name molx failed (exit 4)" in out.getvalue() and "boot failed" in out.getvalue()
+    assert "sglang_patch               " in out.getvalue() and "FAILED (exit 1)" in out.getvalue()

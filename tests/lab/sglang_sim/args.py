@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 
 from . import faults as faults_mod
-from . import specmodel
+from . import rendezvous, specmodel
 
 DEFAULT_MEM_FRACTION_STATIC = 0.85
 FAULT_ENV_VARS = ("SGLANG_SIM_FAULTS", "SGLANG_SIM_FAULT")
@@ -128,6 +128,10 @@ def _sglang_flags(parser: argparse.ArgumentParser) -> None:
     add("--incremental-streaming-output", action="store_true")
     add("--random-seed", type=int, default=None)
     add("--skip-server-warmup", action="store_true")
+    add("--nnodes", type=int, default=1)
+    add("--node-rank", type=int, default=0)
+    add("--dist-init-addr", "--nccl-init-addr", dest="dist_init_addr", default=None)
+    add("--dist-timeout", type=int, default=None)
     add("--config", default=None, help="Read CLI options from a config file. Must be a YAML file.")
 
 
@@ -202,6 +206,16 @@ def _validate_sglang(parser: argparse.ArgumentParser, ns: argparse.Namespace) ->
     ):
         if value < 1:
             parser.error(f"argument {flag}: must be >= 1, got {value}")
+    if ns.nnodes < 1:
+        parser.error(f"argument --nnodes: must be >= 1, got {ns.nnodes}")
+    # The lab's choice: SGLang takes any --node-rank and fails later in torch's rendezvous; the sim refuses it here.
+    if not 0 <= ns.node_rank < ns.nnodes:
+        parser.error(f"argument --node-rank: must be in 0..{ns.nnodes - 1} (--nnodes {ns.nnodes}), got {ns.node_rank}")
+    if ns.dist_init_addr is not None:
+        try:
+            rendezvous.parse_addr(ns.dist_init_addr)
+        except ValueError as exc:
+            parser.error(f"argument --dist-init-addr: {exc}")
     if ns.base_gpu_id < 0:
         parser.error(f"argument --base-gpu-id: must be >= 0, got {ns.base_gpu_id}")
     if ns.mem_fraction_static is not None and not 0.0 < ns.mem_fraction_static <= 1.0:

@@ -14,10 +14,14 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import sys
+import threading
+import time
 import warnings
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from . import allreduce, args, configfile, faults, info, lifecycle, logs, sources, spec_args, specmodel
+from . import allreduce, args, configfile, faults, info, lifecycle, logs, rendezvous, sources, spec_args, specmodel
 from .engine import Engine, EngineConfig
 from .http_api import make_server
 from .scheduler import RankPlan, rank_names, run_detokenizer, run_scheduler
@@ -133,10 +137,25 @@ def _plans(ns, spec: spec_args.SpecConfig, model: info.ModelConfig, installed) -
         ns.tp_size, ns.disable_custom_all_reduce, os.environ.get("CUDA_VISIBLE_DEVICES")
     )
     plans = []
-    for rank, (title, prefix) in enumerate(rank_names(ns.tp_size, ns.dp_size)):
-        dp_rank, tp_rank = divmod(rank, ns.tp_size)
-        # engine.py / data_parallel_controller.py: base_gpu_id + dp offset + tp_rank * gpu_id_step
-        gpu_id = ns.base_gpu_id + dp_rank * ns.tp_size * ns.gpu_id_step + tp_rank * ns.gpu_id_step
+    names = rank_names(ns.tp_size, ns.dp_size)
+    ranks = node_ranks(ns.tp_size, ns.dp_size, ns.nnodes, ns.node_rank)
+    address = _dist_init_address(ns)
+    for rank, global_rank in enumerate(ranks):
+        title, prefix = names[global_rank]
+        dp_rank, tp_rank = divmod(global_rank, ns.tp_size)
+        # engine.py / data_parallel_controller.py: base_gpu_id + dp offset + tp_rank * gpu_id_step; on several
+        # nodes the rank within the node's range (engine.py _launch_scheduler_processes, tp_rank % tp_size_per_node)
+        local_tp = tp_rank % (ns.tp_size // ns.nnodes)
+        gpu_id = ns.base_gpu_id + dp_rank * ns.tp_size * ns.gpu_id_step + local_tp * ns.gpu_id_step
+        group = None
+        if ns.nnodes > 1:
+            group = rendezvous.GroupPlan(
+                host=address[0],
+                port=address[1],
+                world_size=ns.tp_size,
+                rank=tp_rank,
+                timeout_s=ns.dist_timeout if ns.dist_timeout is not None else rendezvous.DEFAULT_TIMEOUT_S,
+            )
         plans.append(
             RankPlan(
                 index=rank,
@@ -157,14 +176,43 @@ def _plans(ns, spec: spec_args.SpecConfig, model: info.ModelConfig, installed) -
                 never_load=faults.NEVER_LOAD in ns.faults,
                 orphan=faults.ORPHAN_SCHEDULERS in ns.faults,
                 allreduce_error=allreduce_error,
+                group=group,
             )
         )
     return plans
 
 
+def node_ranks(tp_size: int, dp_size: int, nnodes: int, node_rank: int) -> list[int]:
+    """The ranks (DP-major, then TP) whose schedulers this node runs: on one node every rank of every replica; on
+    several (no DP there) this node's range of TP ranks (engine.py `_calculate_rank_ranges`, pp_size 1)."""
+    if nnodes == 1:
+        return list(range(tp_size * dp_size))
+    per_node = tp_size // nnodes
+    return list(range(per_node * node_rank, per_node * (node_rank + 1)))
+
+
+def _dist_init_address(ns) -> tuple[str, int]:
+    """--dist-init-addr, else the serving host and a free local port (bootstrap.py `_resolve_dist_init_method` with
+    PortArgs' random nccl_port): on several nodes each then waits on an address of its own until the timeout."""
+    if ns.dist_init_addr:
+        return rendezvous.parse_addr(ns.dist_init_addr)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return (ns.host or "127.0.0.1", probe.getsockname()[1])
+
+
+def check_server_args(ns) -> None:
+    """The assertions of arg_groups/validation_hook.py `check_server_args` on the multi-node flags (pp_size 1)."""
+    assert ns.tp_size % ns.nnodes == 0, "tp_size must be divisible by number of nodes"
+    assert not (ns.dp_size > 1 and ns.nnodes != 1), (
+        "multi-node data-parallel replicas are not supported; use attention DP (--attn-dp-size) across nodes"
+    )
+
+
 def _launch(ns, argv: list[str], ignored: list[str]) -> int:
     _environment_settings(ns)
     logs.configure(ns.log_level)
+    check_server_args(ns)
     if ignored:
         logger.warning("Ignoring SGLang arguments the simulator does not model: %s", " ".join(ignored))
     try:
@@ -195,6 +243,8 @@ def _launch(ns, argv: list[str], ignored: list[str]) -> int:
         logger.warning("sglang_sim faults on: %s", ", ".join(shown))
     sources.compile_sources(modified)
 
+    if ns.node_rank >= 1:
+        return _follower(ns, spec, model, installed)
     supervisor = Supervisor()
     httpd = make_server(state)
     life = lifecycle.Lifecycle(ns, state, supervisor, httpd)
@@ -214,6 +264,73 @@ def _launch(ns, argv: list[str], ignored: list[str]) -> int:
         return _uvicorn(ns, life, httpd)
     finally:
         supervisor.kill_process_tree(include_parent=False)  # launch_server.py's `finally`
+
+
+def _follower(ns, spec, model, installed) -> int:
+    """A node of rank >= 1 (engine.py `_launch_subprocesses`, node_rank >= 1; http_server.py `launch_server` returns
+    after it): its schedulers only (no detokenizer, no tokenizer manager, no API), a SIGTERM handler that only
+    logs, once they are ready a dummy health server on --host/--port (utils/common.py
+    `launch_dummy_health_check_server`: /ping, /health, /health_generate answer 200, nothing else), then it waits
+    for the schedulers to exit; launch_server.py's `finally` kills what is left and the process exits 0."""
+    supervisor = Supervisor()
+
+    def on_sigquit(signum, frame) -> None:  # launch_phase_sigquit_handler
+        logger.error("Received sigquit from a child process. It usually means the child failed.")
+        supervisor.kill_process_tree(include_parent=True)
+
+    signal.signal(signal.SIGQUIT, on_sigquit)
+    try:
+        for plan in _plans(ns, spec, model, installed):
+            supervisor.spawn(
+                f"scheduler_{plan.index}",
+                lambda report, control, p=plan: run_scheduler(p, report, control),
+                scheduler=True,
+                escapes_kill=plan.orphan,
+            )
+        supervisor.wait_ready()
+
+        def on_sigterm(signum, frame) -> None:
+            logger.warning(
+                "SIGTERM received on node_rank %s; waiting for the rank-0 ShutdownReq broadcast to stop "
+                "the schedulers.",
+                ns.node_rank,
+            )
+
+        signal.signal(signal.SIGTERM, on_sigterm)
+        health = make_dummy_health_server(ns.host, ns.port)
+        threading.Thread(target=health.serve_forever, name="health-check-server", daemon=True).start()
+        logger.info("Dummy health check server started in background thread at %s:%s", ns.host, ns.port)
+        for child in supervisor.schedulers:
+            while supervisor.poll(child) is None:
+                time.sleep(0.2)
+            logger.error("Scheduler or DataParallelController %s terminated with %s", child.pid, child.exit_code)
+        return 0
+    finally:
+        supervisor.kill_process_tree(include_parent=False)  # launch_server.py's `finally`
+
+
+def make_dummy_health_server(host: str, port: int) -> ThreadingHTTPServer:
+    class DummyHealth(BaseHTTPRequestHandler):
+        def log_message(self, format, *args) -> None:  # uvicorn runs it at log level warning: no access lines
+            pass
+
+        def do_GET(self) -> None:
+            path = self.path.split("?", 1)[0]
+            if path in ("/ping", "/health", "/health_generate"):
+                body, status = b"", 200
+            else:
+                body, status = b'{"detail":"Not Found"}', 404
+            self.send_response(status)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_POST = do_GET
+
+    server = ThreadingHTTPServer((host, port), DummyHealth)
+    server.daemon_threads = True
+    return server
 
 
 def _uvicorn(ns, life: lifecycle.Lifecycle, httpd) -> int:

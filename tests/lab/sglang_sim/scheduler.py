@@ -14,13 +14,14 @@ from __future__ import annotations
 import json
 import logging
 import os
+import select
 import signal
 import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import allreduce, cuda_devices, gpu_claims, jit, proctitle
+from . import allreduce, cuda_devices, gpu_claims, jit, proctitle, rendezvous
 from .logs import configure
 
 logger = logging.getLogger("sglang_sim.scheduler")
@@ -83,6 +84,8 @@ class RankPlan:
     orphan: bool
     # Why the custom all-reduce fails to set up (allreduce.py), or None.
     allreduce_error: str | None = None
+    # A multi-node engine's rendezvous (rendezvous.py), or None on one node.
+    group: rendezvous.GroupPlan | None = None
 
 
 def rank_names(tp_size: int, dp_size: int) -> list[tuple[str, str]]:
@@ -239,19 +242,36 @@ class Loader:
         }
 
 
-def _serve(control_fd: int, obeys_shutdown: bool) -> int:
-    """The event loop: blocks until ShutdownReq (then 0). SIGTERM or the parent-death SIGKILL end it sooner."""
+def _serve(control_fd: int, obeys_shutdown: bool, group=None) -> int:
+    """The event loop: blocks until ShutdownReq (then 0). SIGTERM or the parent-death SIGKILL end it sooner.
+
+    In a multi-node group (`group`: (plan, link, store)), rank 0's ShutdownReq reaches every rank over the link,
+    and a link that closes is a dead peer: the next broadcast fails.
+    """
+    plan, link, store = group or (None, None, None)
+    watched = [control_fd] + ([link] if link is not None else [])
     while True:
         try:
-            data = os.read(control_fd, 64)
+            readable = select.select(watched, [], [])[0]
         except InterruptedError:
             continue
+        if link is not None and link in readable:
+            data = link.recv(64)
+            if not data:
+                raise rendezvous.connection_closed(plan)
+            if obeys_shutdown and rendezvous.SHUTDOWN in data:
+                return 0
+        if control_fd not in readable:
+            continue
+        data = os.read(control_fd, 64)
         if not data:
             # The main process is gone without our parent-death signal: a real scheduler blocks on its
             # socket forever, holding its GPU memory.
             while True:
                 signal.pause()
         if obeys_shutdown and b"shutdown" in data:
+            if store is not None:
+                store.shutdown()
             return 0
 
 
@@ -266,9 +286,15 @@ def run_scheduler(plan: RankPlan, report_fd: int, control_fd: int) -> int:
         proctitle.set_parent_death_signal(signal.SIGKILL)
     proctitle.set_title(plan.title)
     configure(plan.log_level, plan.log_prefix)
+    group = None
     try:
+        if plan.group is not None:
+            # init_torch_distributed comes before the weights load (model_runner.py)
+            store = rendezvous.Store(plan.group) if plan.group.hosts_store else None
+            group = (plan.group, rendezvous.join(plan.group, store), store)
         report = Loader(plan).load()
         os.write(report_fd, (json.dumps(report) + "\n").encode())
+        status = _serve(control_fd, obeys_shutdown=not plan.orphan, group=group)
     except Exception:
         logger.error("Scheduler hit an exception: %s", traceback.format_exc())
         try:
@@ -276,7 +302,6 @@ def run_scheduler(plan: RankPlan, report_fd: int, control_fd: int) -> int:
         except ProcessLookupError:
             pass
         return 1
-    status = _serve(control_fd, obeys_shutdown=not plan.orphan)
     gpu_claims.mark_exiting(os.getpid())  # leaving the loop releases the GPU memory
     return status
 

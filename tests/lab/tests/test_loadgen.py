@@ -115,6 +115,19 @@ def test_a_duration_bounds_the_run():
     assert result["summary"]["failed"] == 0
 
 
+def test_a_stop_file_ends_the_run_before_its_duration(tmp_path):
+    stop = tmp_path / "stop"
+    with Scripted("full") as server:
+        settings = loadgen.LoadSettings(server.url, concurrency=2, duration=60, max_new_tokens=4, stop_file=str(stop))
+        threading.Timer(0.5, stop.touch).start()
+        began = time.monotonic()
+        result = loadgen.run_load(settings)
+        elapsed = time.monotonic() - began
+    assert elapsed < 10
+    assert result["summary"]["requests"] == server.count > 2
+    assert result["summary"]["failed"] == 0
+
+
 def test_an_unreachable_target_is_a_failure_not_a_crash():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

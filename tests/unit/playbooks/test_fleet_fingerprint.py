@@ -6,77 +6,61 @@ module_utils those import, and the files the unit's gate copies to the host."""
 from __future__ import annotations
 
 import ast
-import json
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "docs"))
+from architecture_graph import module_utils_targets
+from templar_worker import TemplarWorker
+
 REPO = Path(__file__).resolve().parents[3]
 ROLES = [REPO / "roles" / "sglang_service", REPO / "roles" / "sglang_patch"]
 FLEET_VARS = REPO / "playbooks" / "vars" / "sglang_fleet.yml"
-PREFLIGHT = REPO / "playbooks" / "tasks" / "preflight_host.yml"
+HOST_FACTS = REPO / "playbooks" / "tasks" / "host_facts.yml"
+MODULE_UTILS = REPO / "plugins" / "module_utils"
 COLLECTION = "llmops.inference."
 # Files of a role or of plugins/ that render nothing on a host.
 NOT_RENDERED = re.compile(r"(^|/)(__pycache__|meta|doc_fragments)/|(^|/)README\.md$|\.pyc$")
 
-# Renders with Ansible's own Templar (the builtin lookups and filters the playbooks use, found through Ansible's
-# collection finder), one request a line.
-RENDERER = """
-import json, sys
-from ansible.utils.collection_loader._collection_finder import _AnsibleCollectionFinder
-_AnsibleCollectionFinder(paths=[])._install()
-from ansible.parsing.dataloader import DataLoader
-from ansible.template import Templar, trust_as_template
-
-def trusted(value):
-    if isinstance(value, str):
-        return trust_as_template(value)
-    if isinstance(value, dict):
-        return {key: trusted(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [trusted(item) for item in value]
-    return value
-
-for request in sys.stdin:
-    expression, variables = json.loads(request)
-    try:
-        templar = Templar(loader=DataLoader(), variables=trusted(variables))
-        answer = {"value": templar.template(trust_as_template(expression))}
-    except Exception as exc:
-        answer = {"error": str(exc)}
-    print(json.dumps(answer, default=str), flush=True)
-"""
+ROLE_FACTS = {"sglang_service_facts": ROLES[0], "sglang_patch_facts": ROLES[1]}
 
 
 @pytest.fixture(scope="module")
 def renderer():
-    proc = subprocess.Popen([sys.executable, "-c", RENDERER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    yield proc
-    proc.stdin.close()
-    proc.wait(timeout=30)
+    with TemplarWorker() as worker:  # the builtin lookups and filters the playbooks and facts use
+        yield worker
 
 
 @pytest.fixture
 def render(renderer):
     def _render(expression: str, root: Path = REPO, **variables):
         fleet = yaml.safe_load(FLEET_VARS.read_text())
-        request = [expression, {**fleet, "playbook_dir": str(root / "playbooks"), **variables}]
-        renderer.stdin.write(json.dumps(request) + "\n")
-        renderer.stdin.flush()
-        answer = json.loads(renderer.stdout.readline())
-        assert "error" not in answer, answer["error"]
-        return answer["value"]
+        return renderer.render(expression, {**fleet, "playbook_dir": str(root / "playbooks"), **variables})
 
     return _render
 
 
+def role_code_files(render, root: Path = REPO) -> dict:
+    """Each role's facts' code_files, rendered as its tasks_from: facts renders them (the task's vars, role_path)."""
+    facts = {}
+    for name, role in ROLE_FACTS.items():
+        task = yaml.safe_load((role / "tasks" / "facts.yml").read_text())[0]
+        expression = task["ansible.builtin.set_fact"][name]["code_files"]
+        facts[name] = {
+            "code_files": render(expression, root, role_path=str(root / role.relative_to(REPO)), **task["vars"])
+        }
+    return facts
+
+
 def code_files(render, root: Path = REPO) -> set:
-    return {str(Path(path).resolve().relative_to(root.resolve())) for path in render("{{ __fleet_code_files }}", root)}
+    files = render("{{ __fleet_code_files }}", root, **role_code_files(render, root))
+    return {str(Path(path).resolve().relative_to(root.resolve())) for path in files}
 
 
 def role_text(*kinds: str) -> str:
@@ -102,17 +86,9 @@ def filter_files() -> dict:
 
 def imported_module_utils(path: Path, seen: set) -> set:
     """The collection's module_utils files ``path`` imports, and theirs."""
-    text = path.read_text()
-    names = re.findall(r"plugins\.module_utils\.(\w+) import", text)
-    names += [
-        name.strip().split(" as ")[0]
-        for group in re.findall(r"plugins\.module_utils import \(?([\w ,\n]+)\)?", text)
-        for name in group.split(",")
-        if name.strip()
-    ]
-    for name in names:
-        file = f"plugins/module_utils/{name}.py"
-        if file not in seen and (REPO / file).is_file():
+    for name in module_utils_targets(path, MODULE_UTILS, path.read_text()):
+        file = f"plugins/module_utils/{name}"
+        if file not in seen:
             seen.add(file)
             imported_module_utils(REPO / file, seen)
     return seen
@@ -157,12 +133,13 @@ def test_the_modules_the_roles_call_and_their_module_utils_are_covered(render):
     expected = set(modules)
     for module in modules:
         imported_module_utils(REPO / module, expected)
-    assert "plugins/module_utils/restart_chain.py" in expected
+    assert any("restart" in file for file in expected - modules), expected  # the restart chain's module_utils
     assert expected - code_files(render) == set()
 
 
 def test_no_file_of_the_roles_or_plugins_that_renders_something_is_left_out(render):
-    """A directory added later (a role's files/, a new plugin type) fails here until the list names it."""
+    """A directory added later (a role's files/, a subpackage of module_utils, a new plugin type) fails here until
+    the role's facts (code_files) name it."""
     every = {
         str(path.relative_to(REPO))
         for top in [*ROLES, REPO / "plugins"]
@@ -175,18 +152,19 @@ def test_no_file_of_the_roles_or_plugins_that_renders_something_is_left_out(rend
 def test_a_change_to_any_filter_changes_every_hosts_fingerprint(render, tmp_path):
     for top in ("plugins", "roles", "playbooks"):
         shutil.copytree(REPO / top, tmp_path / top, ignore=shutil.ignore_patterns("__pycache__"))
-    digest = next(task for task in yaml.safe_load(PREFLIGHT.read_text()) if "run_once" in task)
+    digest = next(task for task in yaml.safe_load(HOST_FACTS.read_text()) if "run_once" in task)
     digest = digest["ansible.builtin.set_fact"]["__fleet_code_digest"]
     hosts = {
         "h1": {"sglang_service_name": "sglang-a", "sglang_service_port": 30000},
         "h2": {"sglang_service_name": "sglang-b", "sglang_service_port": 30001},
     }
-    patch_facts = {"sglang_patch_facts": {"files": [], "replacements": []}}
 
     def fingerprints() -> dict:
-        code = render(digest, tmp_path)
+        facts = role_code_files(render, tmp_path)
+        facts["sglang_patch_facts"].update(files=[], replacements=[])
+        code = render(digest, tmp_path, **facts)
         return {
-            host: render("{{ __fleet_fingerprint }}", tmp_path, __fleet_code_digest=code, **patch_facts, **host_vars)
+            host: render("{{ __fleet_fingerprint }}", tmp_path, __fleet_code_digest=code, **facts, **host_vars)
             for host, host_vars in hosts.items()
         }
 

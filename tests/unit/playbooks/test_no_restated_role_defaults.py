@@ -18,9 +18,6 @@ ROLES = sorted(path for path in (REPO / "roles").iterdir() if (path / "defaults"
 # (a set_fact result is printed at -v) and which a play that did not import the role may not have. Omitting it
 # passes no key, the role's own default; no value of the role is copied.
 OMIT_ALLOWED = re.compile(r"^sglang_(service|gateway)_(gateway_)?api_key$")
-# The deploy's code digest (vars/sglang_fleet.yml, __fleet_code_dirs) hashes the collection's code, roles included,
-# to tell whether a host is up to date; it reads no value from them.
-ROLE_FILES_ALLOWED = {"vars/sglang_fleet.yml"}
 
 DEFAULT_CALL = re.compile(r"\|\s*default\((?=(?P<arg>[^)|]*))")  # zero-width: a nested one is found too
 NAME_BEFORE = re.compile(r"(?P<name>\b[A-Za-z_][A-Za-z0-9_]*(?:\[[^\]]+\])?(?:\.[A-Za-z0-9_]+)*)\s*$")
@@ -110,20 +107,13 @@ def test_no_playbook_restates_a_role_path(path):
     )
 
 
-@pytest.mark.parametrize(
-    "path",
-    [path for path in playbook_files() if str(path.relative_to(PLAYBOOKS)) not in ROLE_FILES_ALLOWED],
-    ids=lambda path: str(path.relative_to(PLAYBOOKS)),
-)
+@pytest.mark.parametrize("path", playbook_files(), ids=lambda path: str(path.relative_to(PLAYBOOKS)))
 def test_no_playbook_reads_a_roles_files(path):
     found = ROLE_FILE_READ.findall(path.read_text())
-    assert not found, f"{path.relative_to(REPO)} reads a role's files ({found}); use the role or its facts entry point"
-
-
-@pytest.mark.parametrize("name", sorted(ROLE_FILES_ALLOWED))
-def test_an_allowed_reader_of_role_files_still_needs_the_exception(name):
-    # The deploy's code digest hashes the roles' files as code; once it no longer does, the exception goes.
-    assert ROLE_FILE_READ.findall((PLAYBOOKS / name).read_text()), f"drop {name} from ROLE_FILES_ALLOWED"
+    assert not found, (
+        f"{path.relative_to(REPO)} reads a role's files ({found}); use the role or its facts entry point (the "
+        "deploy's code digest reads the files each role names in its facts, code_files)"
+    )
 
 
 @pytest.mark.parametrize(

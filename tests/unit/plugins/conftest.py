@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "module_utils"))
+sys.path.insert(0, str(Path(__file__).resolve().parent / "module_utils" / "restart"))
 from sglang_fixture import FakeVenv
 
 

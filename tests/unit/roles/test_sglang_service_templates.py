@@ -3,16 +3,17 @@ role's defaults and vars): each field's escaping, and a line break in any value 
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from templar_worker import RenderError, TemplarWorker
 
 REPO = Path(__file__).resolve().parents[3]
 ROLE = REPO / "roles" / "sglang_service"
@@ -25,51 +26,11 @@ BASE = {
 }
 NEWLINE = "x\nExecStartPre=/bin/touch /tmp/pwned"
 
-# Renders in an interpreter of its own: Ansible finds the collection's filters only through its collection finder,
-# which must be installed before anything imports ansible_collections (the other unit tests import it plainly).
-RENDERER = """
-import json, sys
-from ansible.utils.collection_loader._collection_finder import _AnsibleCollectionFinder
-_AnsibleCollectionFinder(paths=[sys.argv[1]])._install()
-from ansible.parsing.dataloader import DataLoader
-from ansible.template import Templar, trust_as_template
-
-def trusted(value):
-    if isinstance(value, str):
-        return trust_as_template(value)
-    if isinstance(value, dict):
-        return {key: trusted(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [trusted(item) for item in value]
-    return value
-
-for request in sys.stdin:
-    template, variables = json.loads(request)
-    expression = "{{ lookup('ansible.builtin.template', '" + template + "') }}"
-    try:
-        templar = Templar(loader=DataLoader(), variables=trusted(variables))
-        answer = {"text": templar.template(trust_as_template(expression))}
-    except Exception as exc:
-        answer = {"error": str(exc)}
-    print(json.dumps(answer), flush=True)
-"""
-
-
-class RenderError(Exception):
-    pass
-
 
 @pytest.fixture(scope="module")
 def renderer():
-    proc = subprocess.Popen(
-        [sys.executable, "-c", RENDERER, str(REPO / "build" / "collections")],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    yield proc
-    proc.stdin.close()
-    proc.wait(timeout=30)
+    with TemplarWorker(REPO / "build" / "collections") as worker:
+        yield worker
 
 
 @pytest.fixture
@@ -84,12 +45,7 @@ def render(renderer):
             **BASE,
             **overrides,
         }
-        renderer.stdin.write(json.dumps([template, variables]) + "\n")
-        renderer.stdin.flush()
-        answer = json.loads(renderer.stdout.readline())
-        if "error" in answer:
-            raise RenderError(answer["error"])
-        return answer["text"]
+        return renderer.render("{{ lookup('ansible.builtin.template', '" + template + "') }}", variables)
 
     return _render
 
@@ -160,6 +116,44 @@ def test_a_mig_device_keeps_its_uuid_in_cuda_visible_devices(render):
         "sglang.service.j2", sglang_service_gpus=[mig], sglang_service_tp_size=1, __sglang_service_gpu_host=host
     )
     assert f'"CUDA_VISIBLE_DEVICES={mig}"' in unit
+
+
+# -- a multi-node engine ---------------------------------------------------------------------------------------------
+GROUP_PLAN = {"node_group": {"nnodes": 2, "node_rank": 1, "dist_init_addr": "10.0.0.1:20000", "gpus_per_node": 2}}
+
+
+def test_one_host_renders_no_multi_node_flags(render):
+    exec_start = line(render("sglang.service.j2"), "ExecStart=")
+    assert "--nnodes" not in exec_start and "--node-rank" not in exec_start and "--dist-init-addr" not in exec_start
+
+
+def test_a_host_of_a_group_renders_its_rank_and_rank0s_address_and_half_the_gpus(render):
+    unit = render(
+        "sglang.service.j2",
+        sglang_service_tp_size=4,
+        sglang_service_node_group=["gpu-a", "gpu-b"],
+        sglang_service_dist_timeout=120,
+        __sglang_service_node_group_info=GROUP_PLAN,
+    )
+    words = systemd_words(line(unit, "ExecStart=")[len("ExecStart=") :])
+    assert words[words.index("--tp-size") : words.index("--tp-size") + 2] == ["--tp-size", "4"]
+    start = words.index("--nnodes")
+    assert words[start : start + 8] == [
+        "--nnodes", "2", "--node-rank", "1", "--dist-init-addr", "10.0.0.1:20000", "--dist-timeout", "120",
+    ]  # fmt: skip
+    # tp_size is the engine's; each host runs tp_size / hosts ranks on its own GPUs 0 .. 1
+    assert '"CUDA_VISIBLE_DEVICES=0,1"' in unit and "gpu-free --gpus 0,1 " in unit
+
+
+def test_rank_0_renders_node_rank_0_and_the_dropin_keeps_the_group(render):
+    plan = {"node_group": {**GROUP_PLAN["node_group"], "node_rank": 0}}
+    unit = render("sglang.service.j2", sglang_service_tp_size=4, __sglang_service_node_group_info=plan)
+    assert "--nnodes 2 --node-rank 0 --dist-init-addr 10.0.0.1:20000" in line(unit, "ExecStart=")
+    point = {"algorithm": "EAGLE", "num_steps": 3, "eagle_topk": 1, "num_draft_tokens": 4, "draft_model_path": ""}
+    dropin = render(
+        "speculative.conf.j2", __sglang_service_speculative_active=point, __sglang_service_node_group_info=plan
+    )
+    assert "--nnodes 2 --node-rank 0 --dist-init-addr 10.0.0.1:20000" in dropin
 
 
 def test_the_cuda_toolkit_is_exported_with_its_bin_on_path(render):

@@ -23,7 +23,8 @@ import pytest
 
 from ansible_collections.llmops.inference.plugins.module_utils.sglang_install import TargetPython
 from ansible_collections.llmops.inference.plugins.module_utils.source_backup import BackupStore
-from ansible_collections.llmops.inference.plugins.module_utils.source_patcher import PatchSetInput, SourcePatcher
+from ansible_collections.llmops.inference.plugins.module_utils.source_patch_inputs import PatchSetInput
+from ansible_collections.llmops.inference.plugins.module_utils.source_patcher import SourcePatcher
 from ansible_collections.llmops.inference.plugins.module_utils.source_tree import SourceTree
 
 # Where `make lab-wheels` (the lab image step) puts the wheel: tests/lab/labctl/image.py WHEEL_DIR.

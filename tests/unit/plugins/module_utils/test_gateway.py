@@ -1,4 +1,5 @@
-"""gateway.py against fake gateway replicas over real HTTP: both dialects, waits, min_healthy, check mode, bad input."""
+"""gateway.py (GatewaySet) against fake gateway replicas over real HTTP: both dialects, waits, min_healthy, check mode,
+bad input."""
 
 from __future__ import annotations
 
@@ -10,16 +11,16 @@ import pytest
 from fake_gateway import closed_port_url, started_gateways
 
 from ansible_collections.llmops.inference.plugins.module_utils.gateway import (
-    DIALECT_LEGACY,
-    DIALECT_SMG,
     OUT_OF_ROTATION,
-    GatewayClient,
-    GatewayError,
+    ChangeMode,
+    GatewayAccess,
     GatewaySet,
+    Polling,
+)
+from ansible_collections.llmops.inference.plugins.module_utils.gateway_result import (
     GatewaysUnavailable,
     MembershipIncomplete,
     RemovalRefused,
-    normalize_url,
 )
 
 WORKER = "http://10.0.0.5:30000"
@@ -32,46 +33,10 @@ def gateways():
         yield make
 
 
-def gateway_set(*fakes, **kwargs) -> GatewaySet:
+def gateway_set(*fakes, api_key=None, worker_api_key=None, timeout=2, wait_timeout=5) -> GatewaySet:
     urls = [fake if isinstance(fake, str) else fake.url for fake in fakes]
-    kwargs.setdefault("poll_interval", 0.02)
-    kwargs.setdefault("wait_timeout", 5)
-    kwargs.setdefault("timeout", 2)
-    return GatewaySet(urls, **kwargs)
-
-
-# -- URLs -------------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize(
-    ("given", "expected"),
-    [
-        ("http://10.0.0.5:30000", "http://10.0.0.5:30000"),
-        ("HTTP://Worker-1.Example:30000/", "http://worker-1.example:30000"),
-        ("https://[FD00::5]:8443", "https://[fd00::5]:8443"),
-        ("http://gpu7", "http://gpu7"),
-    ],
-)
-def test_worker_urls_are_normalized(given, expected):
-    assert normalize_url(given, "worker_url") == expected
-
-
-@pytest.mark.parametrize(
-    ("given", "words"),
-    [
-        ("", "must be a URL"),
-        ("10.0.0.5:30000", "absolute http:// or https:// URL"),
-        ("ftp://10.0.0.5", "absolute http:// or https:// URL"),
-        ("http://10.0.0.5:99999", "invalid port"),
-        ("http://10.0.0.5:30000/v1", "without a path"),
-        ("http://10.0.0.5:30000?x=1", "without a path"),
-        ("http://10.0.0.5:30000\nExecStart=/bin/sh", "control characters"),
-        ("http://10.0.0.5 :30000", "spaces"),
-    ],
-)
-def test_malformed_worker_urls_are_refused_naming_the_option(given, words):
-    with pytest.raises(ValueError) as raised:
-        normalize_url(given, "worker_url")
-    assert "worker_url" in str(raised.value)
-    assert words in str(raised.value)
+    access = GatewayAccess(api_key, timeout, worker_api_key=worker_api_key)
+    return GatewaySet(urls, access, Polling(wait_timeout, poll_interval=0.02))
 
 
 def test_bad_gateway_lists_are_refused_before_any_request(gateways):
@@ -87,31 +52,6 @@ def test_bad_gateway_lists_are_refused_before_any_request(gateways):
     with pytest.raises(ValueError, match="worker_url"):
         gateway_set(fake).add("not a url")
     assert fake.requests == []
-
-
-# -- detection --------------------------------------------------------------------------------------------------------
-def test_dialect_is_detected_once_per_gateway(gateways):
-    smg, legacy = gateways("smg"), gateways("legacy")
-    assert GatewayClient(smg.url).detect() == DIALECT_SMG
-    smg.requests.clear()
-    client = GatewayClient(legacy.url)
-    assert client.detect() == DIALECT_LEGACY
-    client.workers()
-    client.workers()
-    # The listing read while detecting serves the first workers() call.
-    assert [request[1] for request in legacy.requests] == ["/workers", "/list_workers", "/list_workers"]
-    smg_client = GatewayClient(smg.url)
-    smg_client.detect()
-    smg_client.workers()
-    smg_client.workers()
-    assert [request[1] for request in smg.requests] == ["/workers", "/workers"]
-
-
-def test_a_server_that_is_not_a_gateway_is_named(gateways):
-    other = gateways("other")
-    with pytest.raises(GatewayError) as raised:
-        GatewayClient(other.url).detect()
-    assert str(raised.value).startswith(f"gateway {other.url}: answers neither smg's GET /workers (HTTP 404)")
 
 
 # -- present ----------------------------------------------------------------------------------------------------------
@@ -174,7 +114,7 @@ def test_differing_gateway_and_worker_keys_are_warned_about(gateways):
 def test_check_mode_add_reports_what_would_change_and_changes_nothing(gateways):
     first, second = gateways(), gateways()
     second.register(WORKER)
-    result = gateway_set(first, second).add(WORKER, check_mode=True)
+    result = gateway_set(first, second).add(WORKER, ChangeMode(check_mode=True))
     assert result.changed is True
     assert [view["action"] for view in result.to_dict()["gateways"]] == ["would add", "none"]
     assert result.diff["after"] == {first.url: [WORKER], second.url: [WORKER]}
@@ -301,9 +241,9 @@ def test_check_mode_remove_refuses_the_same_way_and_otherwise_changes_nothing(ga
     fake = gateways()
     fake.register(WORKER)
     with pytest.raises(RemovalRefused):
-        gateway_set(fake).remove(WORKER, check_mode=True)
+        gateway_set(fake).remove(WORKER, ChangeMode(check_mode=True))
     fake.register(OTHER)
-    result = gateway_set(fake).remove(WORKER, check_mode=True)
+    result = gateway_set(fake).remove(WORKER, ChangeMode(check_mode=True))
     assert result.changed is True
     assert result.to_dict()["gateways"][0]["action"] == "would remove"
     assert result.diff["after"] == {fake.url: [OTHER]}
@@ -355,7 +295,7 @@ def test_an_add_over_a_removal_still_draining_waits_until_the_old_entry_is_gone(
     fake.register(WORKER)
     fake.register(OTHER)
     gateway_set(fake).remove(WORKER, until=OUT_OF_ROTATION)
-    planned = gateway_set(fake).add(WORKER, check_mode=True)
+    planned = gateway_set(fake).add(WORKER, ChangeMode(check_mode=True))
     assert planned.to_dict()["gateways"][0]["action"] == "would add"
     result = gateway_set(fake).add(WORKER)
     view = result.to_dict()["gateways"][0]
@@ -379,7 +319,7 @@ def test_without_wait_the_request_is_made_and_the_current_state_reported(gateway
     fake = gateways(drain_time=30)
     fake.register(WORKER)
     fake.register(OTHER)
-    result = gateway_set(fake).remove(WORKER, wait=False)
+    result = gateway_set(fake).remove(WORKER, ChangeMode(wait=False))
     view = result.to_dict()["gateways"][0]
     assert (view["changed"], view["present"], view["status"]) == (True, True, "draining")
 

@@ -1,23 +1,29 @@
 """A gateway replica that cannot be reached: it never keeps a worker out of the replicas that work.
 
 GatewaySet on FakeGateway replicas (real HTTP on loopback, smg's API), and the restart chain behind two replicas of
-which the second dies at a chosen step (the scripted systemd of test_restart_chain.py), with
+which the second dies at a chosen step (the scripted systemd of restart/restart_world.py), with
 ``gateway_unreachable`` fail and warn.
 """
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from fake_gateway import FakeGateway
-from test_restart_chain import PARAMS, step_names
-from test_restart_chain_gateway import ADMIN_KEY, ME, MODEL, OTHERS, GatewayWorld, fleet
+from restart_world import ADMIN_KEY, ME, MODEL, OTHERS, PARAMS, GatewayWorld, fleet, step_names, validated
 
 from ansible_collections.llmops.inference.plugins.module_utils.gateway import (
+    ChangeMode,
+    GatewayAccess,
     GatewaySet,
+    Polling,
+)
+from ansible_collections.llmops.inference.plugins.module_utils.gateway_result import (
     GatewaysUnavailable,
     MembershipIncomplete,
 )
-from ansible_collections.llmops.inference.plugins.module_utils.restart_chain import (
+from ansible_collections.llmops.inference.plugins.module_utils.restart.options import (
     ChainInputError,
     parse_chain_options,
 )
@@ -31,8 +37,9 @@ def replicas():
         gateway.stop()
 
 
-def gateway_set(replicas, **kwargs) -> GatewaySet:
-    return GatewaySet([replica.url for replica in replicas], api_key=ADMIN_KEY, timeout=2, poll_interval=0.05, **kwargs)
+def gateway_set(replicas, sleep=time.sleep) -> GatewaySet:
+    urls = [replica.url for replica in replicas]
+    return GatewaySet(urls, GatewayAccess(ADMIN_KEY, timeout=2), Polling(poll_interval=0.05, sleep=sleep))
 
 
 # -- GatewaySet --------------------------------------------------------------------------------------------------
@@ -71,7 +78,7 @@ def test_an_add_that_warns_leaves_an_unreachable_replica_aside_and_one_that_fail
     assert f"gateway {replicas[1].url}: cannot reach it" in str(caught.value)
     assert replicas[0].mutations() == []
 
-    result = gateway_set(replicas).add(ME, unreachable="warn")
+    result = gateway_set(replicas).add(ME, ChangeMode(unreachable="warn"))
     assert replicas[0].listed() == sorted([ME, *OTHERS])
     assert [view.url for view in result.skipped] == [replicas[1].url]
 
@@ -80,7 +87,7 @@ def test_a_warned_add_still_fails_on_a_replica_that_answers_but_cannot_be_used(r
     fleet(replicas, workers=OTHERS)
     replicas[1].api_key = "another-key"
     with pytest.raises(GatewaysUnavailable) as caught:
-        gateway_set(replicas).add(ME, unreachable="warn")
+        gateway_set(replicas).add(ME, ChangeMode(unreachable="warn"))
     assert "HTTP 401" in str(caught.value)
     assert replicas[0].mutations() == []
 
@@ -92,7 +99,7 @@ def test_a_removal_that_warns_removes_the_worker_from_every_replica_it_reaches(r
         gateway_set(replicas).remove(ME)
     assert replicas[0].mutations() == []
 
-    result = gateway_set(replicas).remove(ME, unreachable="warn")
+    result = gateway_set(replicas).remove(ME, ChangeMode(unreachable="warn"))
     assert replicas[0].listed() == sorted(OTHERS)
     assert [view.url for view in result.skipped] == [replicas[1].url]
     assert [view.url for view in result.views if view.changed] == [replicas[0].url]
@@ -143,7 +150,7 @@ def test_a_replica_that_dies_during_a_best_effort_add_is_left_aside_and_the_othe
 
 def test_unreachable_must_be_fail_or_warn(replicas):
     with pytest.raises(ValueError, match="unreachable must be 'fail' or 'warn', got 'ignore'"):
-        gateway_set(replicas).add(ME, unreachable="ignore")
+        gateway_set(replicas).add(ME, ChangeMode(unreachable="ignore"))
 
 
 # -- the restart chain -------------------------------------------------------------------------------------------
@@ -167,13 +174,13 @@ def test_a_replica_lost_after_the_removal_fails_the_host_only_once_the_worker_is
     dies_at(world, "start", replicas[1])
     result = world.run()
 
-    assert result["failed_step"] == "gateway_add" and result["healthy"] is False
+    assert result["gate"]["failed_step"] == "gateway_add" and result["healthy"] is False
     # Back, and healthy, on the replica that works: the others never lose it to the lost one.
     assert replicas[0].listed() == sorted([ME, *OTHERS])
     gateway = result["gateway"]
     assert gateway["unreachable"] == [replicas[1].url] and gateway["left_out"] == [replicas[1].url]
     assert gateway["added_to"] == [replicas[0].url] and gateway["in_gateways"] is False
-    reason = result["reason"]
+    reason = result["gate"]["reason"]
     assert reason.startswith(f"the gate passed and {ME} healthy on 1 of 2 gateway(s): {replicas[0].url}, but 1 ")
     assert "(gateway_unreachable=fail)" in reason
     assert f"gateway {replicas[1].url}: cannot reach it" in reason
@@ -191,7 +198,7 @@ def test_with_warn_a_replica_lost_after_the_removal_is_a_warning_and_the_restart
     chain = world.chain(gateway_unreachable="warn")
     result = chain.run()
 
-    assert result["healthy"] is True and result["failed_step"] is None, result["msg"]
+    assert result["healthy"] is True and result["gate"]["failed_step"] is None, result["msg"]
     assert replicas[0].listed() == sorted([ME, *OTHERS])
     gateway = result["gateway"]
     assert gateway["unreachable"] == [replicas[1].url] and gateway["in_gateways"] is True
@@ -221,20 +228,21 @@ def test_with_fail_a_replica_down_before_the_restart_still_refuses_before_anythi
     replicas[1].stop()
     world = GatewayWorld(replicas)
     result = world.run(gateway_unreachable="fail")
-    assert result["failed_step"] == "gateway_drain"
-    assert result["reason"].endswith("; the engine was not stopped")
+    assert result["gate"]["failed_step"] == "gateway_drain"
+    assert result["gate"]["reason"].endswith("; the engine was not stopped")
     assert world.unit.verbs() == [] and replicas[0].mutations() == []
 
 
 def test_gateway_unreachable_defaults_to_fail():
     options = {**PARAMS, "gateways": ["http://gw:30080"], "gateway_unreachable": "warn"}
-    assert parse_chain_options(options).gateway_unreachable == "warn"
-    assert parse_chain_options({**PARAMS, "gateways": ["http://gw:30080"]}).gateway_unreachable == "fail"
+    assert parse_chain_options(validated(options)).gateway.unreachable == "warn"
+    assert parse_chain_options(validated({**PARAMS, "gateways": ["http://gw:30080"]})).gateway.unreachable == "fail"
 
 
 def test_a_bad_gateway_unreachable_names_itself():
     with pytest.raises(ChainInputError) as caught:
-        parse_chain_options({**PARAMS, "gateways": ["http://gw:30080"], "gateway_unreachable": "ignore"})
+        # AnsibleModule refuses it first (choices); the chain's own check names it the same way.
+        parse_chain_options({**validated(PARAMS), "gateways": ["http://gw:30080"], "gateway_unreachable": "ignore"})
     assert caught.value.option == "gateway_unreachable"
     assert "gateway_unreachable must be fail or warn, got 'ignore'" in str(caught.value)
 
@@ -252,7 +260,7 @@ def test_with_warn_a_replica_that_answers_but_refuses_the_re_add_still_fails_the
     world.runner = key_rotated
     result = world.run(gateway_unreachable="warn")
 
-    assert result["failed_step"] == "gateway_add"
+    assert result["gate"]["failed_step"] == "gateway_add"
     assert replicas[0].listed() == sorted([ME, *OTHERS])
-    assert "gateway_unreachable=" not in result["reason"] and "HTTP 401" in result["reason"]
+    assert "gateway_unreachable=" not in result["gate"]["reason"] and "HTTP 401" in result["gate"]["reason"]
     assert result["gateway"]["left_out"] == [replicas[1].url] and result["gateway"]["unreachable"] == []

@@ -11,7 +11,8 @@ from fake_nvml import MIG_A, MIG_B, NO_PERMISSION, NOT_SUPPORTED, Device, FakeNv
 from fake_proc import FakeClock, FakeGpus, FakeKernel, FakeProc
 
 from ansible_collections.llmops.inference.plugins.module_utils import gpu_gate
-from ansible_collections.llmops.inference.plugins.module_utils.gpu import GpuQueryError, query_gpus
+from ansible_collections.llmops.inference.plugins.module_utils.gpu import GpuQueryError
+from ansible_collections.llmops.inference.plugins.module_utils.gpu_query import query_gpus
 
 
 @pytest.fixture
@@ -30,10 +31,7 @@ def check(world, selectors=("0", "1"), threshold=1024, wait=0.0):
         threshold,
         wait,
         unit="sglang-qwen.service",
-        query=gpus,
-        proc_root=str(proc.root),
-        clock=clock,
-        sleep=clock.sleep,
+        host=gpu_gate.GateHost(query=gpus, proc_root=str(proc.root), clock=clock, sleep=clock.sleep),
     )
 
 
@@ -124,7 +122,9 @@ def test_ready_after_connection_refused_then_503_then_200(tmp_path):
     clock = FakeClock()
     getter = getter_from(["Connection refused", 503, 503, 200])
     ready, message = gpu_gate.wait_ready(
-        "http://127.0.0.1:30000/health", 60, getter=getter, proc_root=str(tmp_path), clock=clock, sleep=clock.sleep
+        "http://127.0.0.1:30000/health",
+        60,
+        host=gpu_gate.GateHost(getter=getter, proc_root=str(tmp_path), clock=clock, sleep=clock.sleep),
     )
     assert ready
     assert message == "http://127.0.0.1:30000/health healthy after 0.3 s"
@@ -134,7 +134,9 @@ def test_ready_after_connection_refused_then_503_then_200(tmp_path):
 def test_not_ready_names_the_last_answer(tmp_path):
     clock = FakeClock()
     ready, message = gpu_gate.wait_ready(
-        "http://h/health", 1, getter=getter_from([503]), proc_root=str(tmp_path), clock=clock, sleep=clock.sleep
+        "http://h/health",
+        1,
+        host=gpu_gate.GateHost(getter=getter_from([503]), proc_root=str(tmp_path), clock=clock, sleep=clock.sleep),
     )
     assert not ready
     assert message == "http://h/health not healthy within 1 s (last answer: HTTP 503)"
@@ -151,7 +153,10 @@ def test_ready_stops_when_the_main_process_exits(tmp_path):
         raise ConnectionRefusedError(111, "Connection refused")
 
     ready, message = gpu_gate.wait_ready(
-        "http://h/health", 600, main_pid=500, getter=getter, proc_root=str(proc.root), clock=clock, sleep=clock.sleep
+        "http://h/health",
+        600,
+        main_pid=500,
+        host=gpu_gate.GateHost(getter=getter, proc_root=str(proc.root), clock=clock, sleep=clock.sleep),
     )
     assert not ready
     assert message.startswith("main process 500 exited before http://h/health answered")
@@ -209,10 +214,9 @@ def test_refused_connection_reason_is_readable(tmp_path):
     ready, message = gpu_gate.wait_ready(
         "http://h/health",
         0.4,
-        getter=getter_from(["Connection refused"]),
-        proc_root=str(tmp_path),
-        clock=clock,
-        sleep=clock.sleep,
+        host=gpu_gate.GateHost(
+            getter=getter_from(["Connection refused"]), proc_root=str(tmp_path), clock=clock, sleep=clock.sleep
+        ),
     )
     assert not ready
     assert message == "http://h/health not healthy within 0.4 s (last answer: [Errno 111] Connection refused)"
@@ -251,7 +255,10 @@ def test_a_mig_device_is_gated_on_its_own_memory(tmp_path):
 
     def gate(selectors):
         return gpu_gate.check_gpus_free(
-            selectors, 1024, unit="u", query=nvml_query(mig_host()), proc_root=str(fake.root), clock=clock
+            selectors,
+            1024,
+            unit="u",
+            host=gpu_gate.GateHost(query=nvml_query(mig_host()), proc_root=str(fake.root), clock=clock),
         )
 
     assert gate([MIG_B]) == (True, "GPUs free for u (at most 1024 MiB held each): GPU 0 MIG device 2 13 MiB")
@@ -268,7 +275,7 @@ def test_refusal_marks_zombies_and_unknown_fields(tmp_path):
     host = [Device("A10", "GPU-a", 23028, 20001, [(50, 20000)]), Device("A10", "GPU-b", 23028, 9000)]
     host[1].fail = {"memory": NOT_SUPPORTED, "processes": NO_PERMISSION}
     passed, message = gpu_gate.check_gpus_free(
-        ["0", "1"], 1024, unit="u", query=nvml_query(host), proc_root=str(fake.root)
+        ["0", "1"], 1024, unit="u", host=gpu_gate.GateHost(query=nvml_query(host), proc_root=str(fake.root))
     )
     assert not passed
     assert message.splitlines()[1:] == [

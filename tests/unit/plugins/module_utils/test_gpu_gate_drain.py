@@ -64,11 +64,9 @@ class DrainWorld:
             pid,
             "http://127.0.0.1:30000",
             timeout,
-            kill=self.kill,
-            scrape=self.scrape,
-            proc_root=str(self.proc.root),
-            clock=self.clock,
-            sleep=self.sleep,
+            host=gpu_gate.GateHost(
+                kill=self.kill, scrape=self.scrape, proc_root=str(self.proc.root), clock=self.clock, sleep=self.sleep
+            ),
             log=logged.append,
         )
         return result, logged
@@ -112,11 +110,9 @@ def test_drain_without_a_url_only_waits_for_the_exit(tmp_path):
         500,
         None,
         10.0,
-        kill=world.kill,
-        scrape=world.scrape,
-        proc_root=str(world.proc.root),
-        clock=world.clock,
-        sleep=world.sleep,
+        host=gpu_gate.GateHost(
+            kill=world.kill, scrape=world.scrape, proc_root=str(world.proc.root), clock=world.clock, sleep=world.sleep
+        ),
     )
     assert result == (True, "main process 500 exited after 1.0 s")
     assert world.scrapes == 0

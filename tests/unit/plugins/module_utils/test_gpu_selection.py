@@ -6,7 +6,8 @@ import pytest
 from fake_nvml import MIG_A, MIG_B, NOT_SUPPORTED, FakeNvml, mig_host
 from fake_proc import FakeClock, FakeGpus, FakeKernel, FakeProc, FakeSystemctl
 
-from ansible_collections.llmops.inference.plugins.module_utils.gpu import GpuQueryError, query_gpus
+from ansible_collections.llmops.inference.plugins.module_utils.gpu import GpuQueryError
+from ansible_collections.llmops.inference.plugins.module_utils.gpu_query import query_gpus
 from ansible_collections.llmops.inference.plugins.module_utils.gpu_selection import (
     Layout,
     check_gpu_list,

@@ -88,15 +88,15 @@ def test_held_with_knows_the_token_of_the_current_holder(lock_path):
 
 
 def test_manage_takes_and_releases_without_reporting_a_change(lock_path):
-    taken = host_lock.manage(lock_path, "present", owner={"play": "p"}, timeout=1, lease=60)
+    taken = host_lock.manage(lock_path, host_lock.LockRequest("present", owner={"play": "p"}, timeout=1, lease=60))
     assert taken["changed"] is False and taken["held"] is True and taken["token"]
-    released = host_lock.manage(lock_path, "absent", token=taken["token"])
+    released = host_lock.manage(lock_path, host_lock.LockRequest("absent", token=taken["token"]))
     assert released["released"] is True and released["changed"] is False
     assert host_lock.status(lock_path)["held"] is False
 
 
 def test_manage_in_check_mode_takes_nothing(lock_path):
-    planned = host_lock.manage(lock_path, "present", check_mode=True)
+    planned = host_lock.manage(lock_path, host_lock.LockRequest("present"), check_mode=True)
     assert planned["token"] == "" and planned["held"] is False
     assert host_lock.status(lock_path)["held"] is False
 
@@ -104,10 +104,10 @@ def test_manage_in_check_mode_takes_nothing(lock_path):
 def test_manage_breaks_only_when_forced(lock_path):
     host_lock.acquire(lock_path, {"play": "stuck"}, timeout=1, lease=60)
     with pytest.raises(ValueError, match="needs the token of the lock to release, or force=true"):
-        host_lock.manage(lock_path, "absent")
-    assert host_lock.manage(lock_path, "absent", force=True, check_mode=True)["changed"] is True
+        host_lock.manage(lock_path, host_lock.LockRequest("absent"))
+    assert host_lock.manage(lock_path, host_lock.LockRequest("absent", force=True), check_mode=True)["changed"] is True
     assert host_lock.status(lock_path)["held"] is True
-    broken = host_lock.manage(lock_path, "absent", force=True)
+    broken = host_lock.manage(lock_path, host_lock.LockRequest("absent", force=True))
     assert broken["changed"] is True and broken["broken"]["owner"] == {"play": "stuck"}
     assert host_lock.status(lock_path)["held"] is False
 
@@ -115,7 +115,7 @@ def test_manage_breaks_only_when_forced(lock_path):
 def test_manage_present_raises_busy_naming_the_holder(lock_path):
     host_lock.acquire(lock_path, {"play": "deploy"}, timeout=1, lease=60)
     with pytest.raises(host_lock.LockBusy, match="play=deploy"):
-        host_lock.manage(lock_path, "present", timeout=0.2)
+        host_lock.manage(lock_path, host_lock.LockRequest("present", timeout=0.2))
 
 
 # Two runs at once, as real processes -----------------------------------------------------------------------------
@@ -125,7 +125,7 @@ def test_manage_present_raises_busy_naming_the_holder(lock_path):
 RUN = """
 import json, sys, time, importlib.util
 spec = importlib.util.spec_from_file_location("host_lock", sys.argv[1])
-host_lock = importlib.util.module_from_spec(spec)
+host_lock = sys.modules["host_lock"] = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(host_lock)
 path, name, timeout, hold = sys.argv[2], sys.argv[3], float(sys.argv[4]), float(sys.argv[5])
 if len(sys.argv) > 6:

@@ -17,7 +17,7 @@ from sglang_fixture import (
     run_command,
 )
 
-from ansible_collections.llmops.inference.plugins.module_utils import known_good
+from ansible_collections.llmops.inference.plugins.module_utils import known_good_request
 from ansible_collections.llmops.inference.plugins.module_utils.known_good import KnownGoodStore, SnapshotError
 
 SERVER_TO_30002 = SERVER_PATCH.replace(b"+PORT = 30001", b"+PORT = 30002")
@@ -321,7 +321,7 @@ def test_the_module_request_hides_the_environment_files_content_from_the_diff(ho
         "python": host.python,
     }
 
-    answer = known_good.handle(params, run_command, check_mode=True)
+    answer = known_good_request.handle(params, run_command, check_mode=True)
 
     assert answer["changed"] is True and sorted(answer["restored"]) == sorted(files.values())
     assert answer["sources"]["recorded"] is True and answer["sources"]["differ"] == []
@@ -334,7 +334,7 @@ def test_the_module_request_hides_the_environment_files_content_from_the_diff(ho
     assert "ExecStart=/bin/false" in text and "sk-live-4f1e" not in text and "can hold the API key" in text
     assert open(files["environment"]).read() == "SGLANG_API_KEY=sk-live-4f1e\n"
 
-    info = known_good.handle({**params, "state": "read"}, run_command, check_mode=False)
+    info = known_good_request.handle({**params, "state": "read"}, run_command, check_mode=False)
     assert info["current"]["files"]["unit"]["path"] == files["unit"] and info["previous"] is None
 
 

@@ -23,8 +23,11 @@ from fake_sglang_server import (
     stream_route,
 )
 
-from ansible_collections.llmops.inference.plugins.module_utils.gpu import Gpu, GpuProcess, GpuQueryError, query_gpus
-from ansible_collections.llmops.inference.plugins.module_utils.probe import SglangProbe, request_count
+from ansible_collections.llmops.inference.plugins.module_utils.gpu import Gpu, GpuProcess, GpuQueryError
+from ansible_collections.llmops.inference.plugins.module_utils.gpu_query import query_gpus
+from ansible_collections.llmops.inference.plugins.module_utils.probe import SglangProbe
+from ansible_collections.llmops.inference.plugins.module_utils.probe_base import ProbeHost
+from ansible_collections.llmops.inference.plugins.module_utils.probe_progress import request_count
 from ansible_collections.llmops.inference.plugins.module_utils.probe_report import EARLIER_FAILED
 from ansible_collections.llmops.inference.plugins.module_utils.probe_settings import ProbeSettings
 from ansible_collections.llmops.inference.plugins.module_utils.sglang import SglangClient
@@ -97,15 +100,14 @@ def make_probe(
 ):
     settings = ProbeSettings(url=server.url, unit=unit, **options).validate()
     timing = {"clock": clock, "sleep": clock.sleep} if clock is not None else {}
-    return SglangProbe(
-        settings,
-        SglangClient(settings.url, timeout=settings.timeout),
+    host = ProbeHost(
         unit_reader=unit_reader or UnitScript(),
         unit_pids=lambda name: pids or [1234, *SCHEDULERS],
         gpu_reader=gpu_reader or (lambda: loaded_gpus() if gpus is None else gpus),
         process_reader=processes or Processes(),
         **timing,
     )
+    return SglangProbe(settings, SglangClient(settings.url, timeout=settings.timeout), host)
 
 
 def tiers(result) -> dict:

@@ -9,11 +9,13 @@ from types import SimpleNamespace
 import pytest
 from fake_proc import PF_KTHREAD, FakeClock, FakeGpus, FakeKernel, FakeProc, FakeSystemctl
 
-from ansible_collections.llmops.inference.plugins.module_utils.gpu import Gpu, GpuProcess, GpuQueryError, device_holders
+from ansible_collections.llmops.inference.plugins.module_utils.device_holders import device_holders
+from ansible_collections.llmops.inference.plugins.module_utils.gpu import Gpu, GpuProcess, GpuQueryError
 from ansible_collections.llmops.inference.plugins.module_utils.procs import is_alive
 from ansible_collections.llmops.inference.plugins.module_utils.reaper import (
     GpuReaper,
     ReapError,
+    ReapHost,
     ReapInputError,
     parse_options,
 )
@@ -72,14 +74,16 @@ def world(tmp_path):
         return GpuReaper(
             parse_options(params),
             systemctl,
-            proc_root=str(proc.root),
-            own_pid=OWN_PID,
-            kill=kernel.kill,
-            clock=clock,
-            sleep=clock.sleep,
-            query=gpus,
-            holders=device_holders,
-            booted=lambda: booted,
+            ReapHost(
+                proc_root=str(proc.root),
+                own_pid=OWN_PID,
+                kill=kernel.kill,
+                clock=clock,
+                sleep=clock.sleep,
+                query=gpus,
+                holders=device_holders,
+                booted=lambda: booted,
+            ),
         )
 
     return SimpleNamespace(clock=clock, proc=proc, kernel=kernel, gpus=gpus, systemctl=systemctl, reaper=reaper)
@@ -444,7 +448,7 @@ def test_unknown_process_list_is_warned_about(world):
         return backend, found
 
     reaper = world.reaper(unit="t-reap.service", grace=1)
-    reaper.query = query
+    reaper.host.query = query
     result = reaper.run(check_mode=True)
     assert [e["pid"] for e in result["reaped"]] == [101]
     assert (
@@ -505,7 +509,7 @@ def test_gpu_query_failure_is_a_reap_error(world):
         raise GpuQueryError("no GPU backend worked: NVML: missing; nvidia-smi: missing")
 
     reaper = world.reaper(pids=[101])
-    reaper.query = broken
+    reaper.host.query = broken
     with pytest.raises(ReapError, match="no GPU backend worked"):
         reaper.run()
     assert world.kernel.sent == []
@@ -516,7 +520,7 @@ def test_permission_denied_is_a_reap_error_with_partial_result(world):
         raise PermissionError(1, "Operation not permitted")
 
     reaper = world.reaper(pids=[101])
-    reaper.kill = refuse
+    reaper.host.kill = refuse
     with pytest.raises(ReapError, match="not permitted to signal pid 101") as err:
         reaper.run()
     assert err.value.result["reaped"][0]["pid"] == 101
@@ -573,7 +577,9 @@ def test_real_sigterm_ignoring_process_is_reaped_within_grace_plus_half_a_second
             held = [GpuProcess(child.pid, 50)] if is_alive(child.pid) else []
             return "nvml", [Gpu(0, "GPU-real", "test", 100, 1 + 50 * len(held), held)]
 
-        reaper = GpuReaper(parse_options({"pids": [child.pid], "grace": 0.5}), None, query=query, booted=lambda: False)
+        reaper = GpuReaper(
+            parse_options({"pids": [child.pid], "grace": 0.5}), None, ReapHost(query=query, booted=lambda: False)
+        )
         started = time.monotonic()
         result = reaper.run()
         took = time.monotonic() - started

@@ -109,13 +109,6 @@ def test_metrics_returns_the_text(server):
     assert "sglang:gen_throughput 42.0" in client_for(server).metrics()
 
 
-def test_api_key_is_sent_as_bearer_header(server):
-    client_for(server, api_key="s3cret").health()
-    client_for(server).health()
-    assert server.requests[0]["headers"]["Authorization"] == "Bearer s3cret"
-    assert "Authorization" not in server.requests[1]["headers"]
-
-
 def test_generate_streams_cumulative_text_and_measures_ttft(server):
     text = "2, 3, 5, 7, 11"
     server.routes["/generate"] = stream_route(

@@ -29,7 +29,7 @@ from ansible_collections.llmops.inference.plugins.module_utils.source_backup imp
     UnknownBackupError,
     state_id,
 )
-from ansible_collections.llmops.inference.plugins.module_utils.source_patcher import SourcePatchError
+from ansible_collections.llmops.inference.plugins.module_utils.source_patch_inputs import SourcePatchError
 from ansible_collections.llmops.inference.plugins.module_utils.source_tree import SourceTree
 
 REPO_EXAMPLE = os.path.join(

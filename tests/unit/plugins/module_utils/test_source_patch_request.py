@@ -9,11 +9,11 @@ import pytest
 from sglang_fixture import algos_request, run_command, snapshot
 
 from ansible_collections.llmops.inference.plugins.module_utils.known_good import KnownGoodStore
+from ansible_collections.llmops.inference.plugins.module_utils.source_patch_inputs import SourcePatchError
 from ansible_collections.llmops.inference.plugins.module_utils.source_patch_request import (
     read_patch_set,
     run,
 )
-from ansible_collections.llmops.inference.plugins.module_utils.source_patcher import SourcePatchError
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from ansible_collections.llmops.inference.plugins.module_utils.source_backup imp
     BackupStore,
     UnknownBackupError,
 )
-from ansible_collections.llmops.inference.plugins.module_utils.source_patcher import SourcePatchError, SourceTarget
+from ansible_collections.llmops.inference.plugins.module_utils.source_patch_inputs import SourcePatchError, SourceTarget
 from ansible_collections.llmops.inference.plugins.module_utils.source_tree import PathSafetyError
 
 SERVER_TO_30002 = SERVER_PATCH.replace(b"+PORT = 30001", b"+PORT = 30002")

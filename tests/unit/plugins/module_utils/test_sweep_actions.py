@@ -64,9 +64,8 @@ def record(results_dir, plan: dict, steps: int, concurrency: int, throughput: fl
         "load_s": 5.0,
         "gate": {
             "healthy": healthy,
-            "reason": None if healthy else "unit failed",
-            "failed_tier": "unit",
-            "main_pid": 100 + steps,
+            "gate": {"reason": None if healthy else "unit failed", "failed_tier": "unit"},
+            "service": {"main_pid": 100 + steps},
         },
         "benchmark": benchmark if healthy else None,
         "journal": ["RuntimeError: CUDA out of memory."] if not healthy else [],

@@ -7,25 +7,27 @@ import io
 
 import pytest
 
-from ansible_collections.llmops.inference.plugins.module_utils.sweep_report import (
+from ansible_collections.llmops.inference.plugins.module_utils.sweep_choice import (
     applied_choice,
     best_per_level,
-    build_level_record,
-    build_load,
     choose_best,
-    csv_text,
-    failure_reason,
-    mad,
-    markdown,
-    median,
     pareto,
     robust_choice,
-    rules,
     sla_choice,
+)
+from ansible_collections.llmops.inference.plugins.module_utils.sweep_records import (
+    LevelOutcome,
+    LevelRun,
+    build_load,
+    failure_reason,
+    mad,
+    median,
     summarize,
     telling_journal_line,
-    timing,
 )
+from ansible_collections.llmops.inference.plugins.module_utils.sweep_records import build_level_record as level_record
+from ansible_collections.llmops.inference.plugins.module_utils.sweep_render import csv_text, markdown, rules
+from ansible_collections.llmops.inference.plugins.module_utils.sweep_timing import timing
 
 OOM_JOURNAL = [
     "Nov 29 16:25:00 lab1 sglang-sweep[812]: [2025-11-29 16:25:00 TP0] Scheduler hit an exception: Traceback",
@@ -33,8 +35,16 @@ OOM_JOURNAL = [
     "Tried to allocate 12.72 GiB.",
     "Nov 29 16:25:01 lab1 systemd[1]: sglang-sweep.service: Main process exited, code=killed, status=9/KILL",
 ]
-GATE = {"healthy": True, "main_pid": 700}
+# The restart chain's result (sglang_restart), as sglang_service_gate holds it: nested.
+GATE = {"healthy": True, "service": {"main_pid": 700}}
 ENGINE = {"main_pid": 700, "forked_at": 1000.0, "ready_at": 1030.0, "fork_to_ready_s": 30.0}
+
+
+def build_level_record(point, concurrency, host, run_id, started_at, finished_at, load, **outcome) -> dict:
+    """One level record, from the arguments of the sweep's record action."""
+    return level_record(
+        LevelRun(point, concurrency, host, run_id, started_at, finished_at, load), LevelOutcome(**outcome)
+    )
 
 
 def point(steps: int, topk: int = 1, draft: int | None = None) -> dict:
@@ -62,7 +72,7 @@ def load(started=100.0, load_s=4.0) -> dict:
 
 def level(steps, concurrency, *throughputs, host="h1", run_id="run1", tpot=10.0, started=None, engine=None) -> dict:
     started = 100.0 + steps * 100 if started is None else started
-    gate = dict(GATE, main_pid=(engine or ENGINE)["main_pid"])
+    gate = dict(GATE, service={"main_pid": (engine or ENGINE)["main_pid"]})
     return build_level_record(
         point(steps), concurrency, host, run_id, started + concurrency, started + concurrency + 5, load(started),
         gate=gate, benchmark=bench(*throughputs, tpot=tpot, engine=engine),
@@ -102,8 +112,8 @@ def test_the_journal_explains_a_failed_load():
 
 def test_a_level_whose_load_failed_is_recorded_with_the_reason_and_the_journal():
     steps = [{"name": "gate", "attempt": 1, "status": "failed", "detail": "unit tier: unit failed", "elapsed_s": 8.2}]
-    gate = {"healthy": False, "failed_tier": "unit", "reason": "unit failed", "journal": OOM_JOURNAL, "elapsed_s": 9.1,
-            "steps": steps}  # fmt: skip
+    gate = {"healthy": False, "gate": {"failed_tier": "unit", "reason": "unit failed"},
+            "service": {"journal": OOM_JOURNAL}, "elapsed_s": 9.1, "steps": steps}  # fmt: skip
     record = build_level_record(point(9), 8, "h1", "run1", 1.0, 2.0, build_load(1.0, 9.5, gate), gate=gate)
     assert (record["status"], record["stage"], record["concurrency"]) == ("failed", "load", 8)
     assert record["reason"].startswith("load or gate failed (tier unit): unit failed; journal: RuntimeError:")
@@ -275,7 +285,8 @@ def test_timing_counts_this_runs_loads_engine_time_and_engines_per_point():
 
 
 def test_markdown_states_every_rule_and_lists_failed_levels():
-    gate = {"healthy": False, "failed_tier": "unit", "reason": "unit failed", "journal": OOM_JOURNAL}
+    gate = {"healthy": False, "gate": {"failed_tier": "unit", "reason": "unit failed"}}
+    gate["service"] = {"journal": OOM_JOURNAL}
     records = [level(1, 1, 100.0), level(2, 1, 120.0), level(2, 8, 300.0)]
     records.append(build_level_record(point(9), 1, "h2", "run1", 1.0, 2.0, build_load(1, 3, gate), gate=gate))
     rows = [summarize(record, 1.0) for record in records]

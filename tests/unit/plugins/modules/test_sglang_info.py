@@ -150,3 +150,42 @@ def test_python_or_gpus_is_required(capsys, target_side_ansible):
         sglang_info.main()
     result = json.loads(capsys.readouterr().out)
     assert result["failed"] is True and "one of the following is required: python, gpus" in result["msg"]
+
+
+def run_node_group_mode(capsys, monkeypatch, args, reach=None) -> dict:
+    """sglang_info with only ``node_group`` set; ``reach`` stands in for the connection to the rank-0 address."""
+    from ansible.module_utils.testing import patch_module_args
+
+    from ansible_collections.llmops.inference.plugins.modules import sglang_info
+
+    monkeypatch.setattr(sglang_info, "check_rank0_address", reach or (lambda *a: None))
+    with patch_module_args(args), pytest.raises(SystemExit):
+        sglang_info.main()
+    return json.loads(capsys.readouterr().out)
+
+
+def group_args(host: str, **view) -> dict:
+    members = ["gpu-a", "gpu-b"]
+    base = {"node_group": members, "tp_size": 4, "model_path": "m", "dist_init_port": 20000}
+    views = {name: {**base, "address": f"10.0.0.{i + 1}", **view} for i, name in enumerate(members)}
+    return {"node_group": {"host": host, "members": members, "views": views}}
+
+
+def test_the_node_group_mode_returns_the_rank_and_the_rank0_address(capsys, monkeypatch, target_side_ansible):
+    result = run_node_group_mode(capsys, monkeypatch, group_args("gpu-b"))
+    assert result.get("failed") is not True and result["changed"] is False
+    assert result["msg"] == "gpu-b is rank 1 of 2 nodes"
+    assert result["node_group"] == {
+        "nnodes": 2,
+        "node_rank": 1,
+        "dist_init_addr": "10.0.0.1:20000",
+        "gpus_per_node": 2,
+        "ranks": {"gpu-a": 0, "gpu-b": 1},
+    }
+
+
+def test_the_node_group_mode_fails_on_a_bad_group_or_an_unreachable_rank0(capsys, monkeypatch, target_side_ansible):
+    result = run_node_group_mode(capsys, monkeypatch, group_args("gpu-b", tp_size=3))
+    assert result["failed"] is True and "sglang_service_tp_size 3 does not divide by the 2 hosts" in result["msg"]
+    result = run_node_group_mode(capsys, monkeypatch, group_args("gpu-b"), reach=lambda *a: "gpu-b cannot reach ...")
+    assert result["failed"] is True and result["msg"] == "gpu-b cannot reach ..."

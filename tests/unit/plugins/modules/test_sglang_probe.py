@@ -48,6 +48,7 @@ def fake_probe(monkeypatch):
         ({"soak_requests": -1}, "soak_requests"),
         ({"soak_max_new_tokens": 0}, "soak_max_new_tokens"),
         ({"unaccounted_threshold_mib": -1}, "unaccounted_threshold_mib"),
+        ({"journal_lines": -1}, "journal_lines"),
     ],
 )
 def test_bad_new_options_fail_naming_the_option_and_probe_nothing(capsys, fake_probe, args, option):
@@ -81,3 +82,25 @@ def test_a_host_needing_a_gpu_reset_says_so_in_the_message(capsys, fake_probe):
         "GPU 0 needs a reset or a reboot: 30000 MiB used that no listed process holds"
     )
     assert result["state"] == "needs_gpu_reset"
+
+
+def test_a_failed_tier_returns_the_units_journal_tail_redacted(capsys, fake_probe, monkeypatch):
+    asked = []
+
+    def journal_tail(run_command, unit, lines):
+        asked.append((unit, lines))
+        return ["smg starting", "args: --api-key gw-s3cret", "Authorization: Bearer gw-s3cret", "bind failed"]
+
+    monkeypatch.setattr(sglang_probe, "journal_tail", journal_tail)
+    fake_probe.result = {"healthy": False, "failed_tier": "health", "reason": "HTTP 503", "reset_message": None}
+    args = {"unit": "smg", "api_key": "gw-s3cret", "journal_lines": 5, "fail_on_unhealthy": False}
+    result = run_module(capsys, args)
+    assert asked == [("smg.service", 5)]
+    assert result["journal"][0] == "smg starting" and result["journal"][-1] == "bind failed"
+    assert "gw-s3cret" not in json.dumps(result["journal"])
+
+    fake_probe.result = {"healthy": True, "failed_tier": None, "reason": None, "reset_message": None}
+    assert "journal" not in run_module(capsys, args), "a passing probe reads no journal"
+    fake_probe.result = {"healthy": False, "failed_tier": "health", "reason": "HTTP 503", "reset_message": None}
+    assert "journal" not in run_module(capsys, dict(args, journal_lines=0)), "journal_lines=0 reads none"
+    assert len(asked) == 1

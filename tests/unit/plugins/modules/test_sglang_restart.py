@@ -23,7 +23,7 @@ class FakeChain:
     result = {}
     seen = {}
 
-    def __init__(self, options, run_command):
+    def __init__(self, options, runners):
         FakeChain.seen = {"options": options}
 
     def run(self, check_mode=False):
@@ -38,7 +38,7 @@ def chain(monkeypatch):
     FakeChain.result = {
         "msg": "sglang-t.service passed its gate after 3.1 s (MainPID 4000)",
         "healthy": True,
-        "failed_step": None,
+        "gate": {"failed_step": None},
         "changed": True,
         "warnings": ["the probe has no soak option"],
         "diff": {"before": "ActiveState=active\n", "after": "ActiveState=active\n"},
@@ -54,7 +54,7 @@ def test_passing_gate_exits_with_the_result_and_the_warnings(capsys, chain):
     assert "diff" not in result
     options = chain.seen["options"]
     assert options.unit == "sglang-t.service" and options.gpus == ("0", "1")
-    assert options.reap_grace == 10 and options.threshold_mib == 1024 and options.stability_window == 5
+    assert options.reap["grace"] == 10 and options.reap["threshold_mib"] == 1024 and options.stability_window == 5
 
 
 def test_diff_is_returned_only_in_diff_mode(capsys, chain):
@@ -71,7 +71,9 @@ def test_failed_gate_fails_unless_told_not_to(capsys, chain):
 
 
 def test_a_failed_step_always_fails(capsys, chain):
-    chain.result.update(healthy=False, failed_step="reap", msg="restart chain failed at reap: GPU 1 needs a reset")
+    chain.result.update(
+        healthy=False, gate={"failed_step": "reap"}, msg="restart chain failed at reap: GPU 1 needs a reset"
+    )
     result = run_module(capsys, {"unit": "sglang-t", "fail_on_unhealthy": False})
     assert result["failed"] is True and "GPU 1 needs a reset" in result["msg"]
 
@@ -96,9 +98,10 @@ def test_gateway_options_reach_the_chain_and_the_gateway_key_is_no_log(capsys, c
     result = run_module(capsys, args)
     assert "gw-k3y" not in json.dumps(result)
     options = chain.seen["options"]
-    assert options.gateways == ("http://10.0.0.9:30080", "http://10.0.0.10:30080")
-    assert (options.gateway_worker_url, options.gateway_min_healthy) == ("http://10.0.0.5:30000", 2)
-    assert (options.drain_timeout, options.gateway_wait_timeout, options.gateway_api_key) == (45, 120, "gw-k3y")
+    gateway = options.gateway
+    assert gateway.urls == ("http://10.0.0.9:30080", "http://10.0.0.10:30080")
+    assert (gateway.worker_url, gateway.min_healthy) == ("http://10.0.0.5:30000", 2)
+    assert (gateway.drain_timeout, gateway.wait_timeout, gateway.api_key) == (45, 120, "gw-k3y")
 
 
 def test_a_malformed_gateway_url_is_refused_before_the_chain_runs(capsys, chain):

@@ -1,8 +1,8 @@
 """RestartChain: every step and failure of the restart chain, driven through fakes (no host).
 
-systemd is a scripted unit that moves with a fake clock (a start loads for a while, then turns active; faults
-crash it, exit it with status 0, or keep it in a restart loop); the reaper, the probe, the snapshot store and the
-lock are recording stand-ins.
+The stand-ins (restart_world.py): systemd is a scripted unit that moves with a fake clock (a start loads for a
+while, then turns active; faults crash it, exit it with status 0, or keep it in a restart loop); the reaper, the
+probe, the snapshot store and the lock are recording stand-ins.
 """
 
 from __future__ import annotations
@@ -11,321 +11,36 @@ import re
 from types import SimpleNamespace
 
 import pytest
-from fake_proc import FakeClock
 from fake_sglang_server import FakeSglang
+from restart_world import (
+    KEY,
+    PARAMS,
+    SERVER_ARGS,
+    UNIT,
+    Start,
+    World,
+    failed_probe,
+    healthy_probe,
+    holder,
+    step_names,
+    validated,
+)
 
-from ansible_collections.llmops.inference.plugins.module_utils import restart_chain
 from ansible_collections.llmops.inference.plugins.module_utils.gpu import Gpu, GpuProcess
-from ansible_collections.llmops.inference.plugins.module_utils.host_lock import LockBusy, LockError
 from ansible_collections.llmops.inference.plugins.module_utils.known_good import SnapshotError
 from ansible_collections.llmops.inference.plugins.module_utils.probe import SglangProbe
+from ansible_collections.llmops.inference.plugins.module_utils.probe_base import ProbeHost
 from ansible_collections.llmops.inference.plugins.module_utils.probe_settings import ProbeSettings
 from ansible_collections.llmops.inference.plugins.module_utils.reaper import ReapError, ReapInputError
 from ansible_collections.llmops.inference.plugins.module_utils.redact import MASK
-from ansible_collections.llmops.inference.plugins.module_utils.restart_chain import (
+from ansible_collections.llmops.inference.plugins.module_utils.restart.options import (
+    POLL_S,
     ChainInputError,
-    RestartChain,
     parse_chain_options,
 )
+from ansible_collections.llmops.inference.plugins.module_utils.restart.result import FLAT_ALIASES, flat_view
 from ansible_collections.llmops.inference.plugins.module_utils.sglang import SglangClient, SglangError
 from ansible_collections.llmops.inference.plugins.module_utils.systemd import UnitState
-
-UNIT = "sglang-t.service"
-KEY = "k3y-s3cret"
-SERVER_ARGS = f"server_args=ServerArgs(model_path='Qwen/Qwen3-8B', api_key='{KEY}', port=30000)"
-
-
-class Start:
-    """What one start of the unit does: load for ``load`` s (activating), then active; optional faults."""
-
-    def __init__(self, load=2.0, crash_at=None, exit0_after_ready=None):
-        self.load = load
-        self.crash_at = crash_at
-        self.exit0_after_ready = exit0_after_ready
-        self.started = None
-        self.pid = None
-
-
-class FakeUnit:
-    """systemctl and journalctl for one unit, answering from its state at the fake clock's time."""
-
-    def __init__(self, clock, state="active", *, starts=(), burst=3, need_reload=False, journal=None, loaded=True):
-        self.clock = clock
-        self.calls = []
-        self.starts = list(starts)
-        self.burst = burst
-        self.need_reload = need_reload
-        self.loaded = loaded
-        self.journal = journal if journal is not None else [SERVER_ARGS, "The server is fired up and ready to roll!"]
-        self.invocation = 1
-        self.inactive_exit = 1
-        self.next_pid = 4000
-        self.run = None
-        self.fixed = None
-        self.last_exit = {"ExecMainStatus": "0", "ExecMainCode": "0"}
-        if state == "active":
-            self.run = Start(load=0.0)
-            self.run.started, self.run.pid = -10.0, 3999
-        elif state == "loop":
-            self.fixed = {"ActiveState": "activating", "SubState": "auto-restart", "MainPID": "0", "NRestarts": "4"}
-        elif state == "restarted":  # active again after systemd restarted it twice
-            self.fixed = {"ActiveState": "active", "SubState": "running", "MainPID": "3990", "NRestarts": "2"}
-        elif state == "failed":
-            self.fixed = {"ActiveState": "failed", "SubState": "failed", "Result": "exit-code", "MainPID": "0"}
-
-    # state ---------------------------------------------------------------------------------------
-
-    def props(self) -> dict:
-        props = {
-            "Id": UNIT,
-            "LoadState": "loaded" if self.loaded else "not-found",
-            "Result": "success",
-            "NRestarts": "0",
-            "ControlGroup": f"/system.slice/{UNIT}",
-            "InvocationID": f"inv{self.invocation}",
-            "InactiveExitTimestampMonotonic": str(self.inactive_exit),
-            "ActiveEnterTimestampMonotonic": "0",
-            "KillMode": "control-group",
-            "ExecStop": "{ path=/usr/bin/python3 ; argv[]=/usr/bin/python3 gate drain ... }",
-            "NeedDaemonReload": "yes" if self.need_reload else "no",
-            "StartLimitBurst": str(self.burst),
-            "StartLimitIntervalUSec": "1h 1min",
-            **self.last_exit,
-        }
-        props.update(self.current())
-        return props
-
-    def current(self) -> dict:
-        if self.fixed is not None:
-            return dict(self.fixed)
-        run = self.run
-        if run is None:
-            return {"ActiveState": "inactive", "SubState": "dead", "MainPID": "0"}
-        now = self.clock()
-        if run.crash_at is not None and now >= run.started + run.crash_at:
-            return {"ActiveState": "activating", "SubState": "auto-restart", "MainPID": "0", "NRestarts": "1"}
-        ready_at = run.started + run.load
-        if now < ready_at:
-            return {"ActiveState": "activating", "SubState": "start-post", "MainPID": str(run.pid)}
-        if run.exit0_after_ready is not None and now >= ready_at + run.exit0_after_ready:
-            return {
-                "ActiveState": "inactive",
-                "SubState": "dead",
-                "MainPID": "0",
-                "ExecMainStatus": "0",
-                "ExecMainCode": "1",
-                "ExecMainPID": str(run.pid),
-            }
-        return {
-            "ActiveState": "active",
-            "SubState": "running",
-            "MainPID": str(run.pid),
-            "ActiveEnterTimestampMonotonic": str(int(ready_at * 1e6)),
-        }
-
-    # commands ------------------------------------------------------------------------------------
-
-    def __call__(self, args) -> tuple:
-        self.calls.append(list(args))
-        if args[0] == "journalctl":
-            return 0, "\n".join(self.journal) + "\n", ""
-        verb = args[1]
-        if verb == "show":
-            wanted = args[3].split("=", 1)[1].split(",")
-            props = self.props()
-            return 0, "".join(f"{name}={props.get(name, '')}\n" for name in wanted), ""
-        if verb == "stop":
-            self.run, self.fixed = None, None
-            return 0, "", ""
-        if verb == "start":
-            start = self.starts.pop(0) if self.starts else Start()
-            start.started, start.pid = self.clock(), self.next_pid
-            self.next_pid += 1
-            self.run, self.fixed = start, None
-            self.invocation += 1
-            self.inactive_exit = int(self.clock() * 1e6) + 7
-            return 0, "", ""
-        if verb == "daemon-reload":
-            self.need_reload = False
-        return 0, "", ""
-
-    def verbs(self) -> list:
-        return [call[1] for call in self.calls if call[0] == "systemctl" and call[1] != "show"]
-
-
-class FakeReaper:
-    """Answers each scope (``unit`` leftovers, ``orphans``) from a list of results or exceptions, in turn."""
-
-    def __init__(self, unit=None, orphans=None):
-        self.answers = {"unit": list(unit or []), "orphans": list(orphans or [])}
-        self.calls = []
-
-    def __call__(self, params, check_mode):
-        scope = "unit" if "unit" in params else "orphans"
-        self.calls.append((scope, params, check_mode))
-        queue = self.answers[scope]
-        if not queue:
-            return {"reaped": [], "unkillable": []}
-        answer = queue.pop(0)
-        if isinstance(answer, Exception):
-            raise answer
-        return answer
-
-
-def holder(pid=7001, title="sglang::scheduler_TP0"):
-    return {"pid": pid, "title": title, "unit": None, "gpus": [0], "used_mib": 44000, "signals": ["SIGTERM"]}
-
-
-def healthy_probe(**extra) -> dict:
-    tiers = [{"name": name, "status": "ok", "reason": "fine", "elapsed_s": 0.01} for name in restart_chain.GATE_TIERS]
-    return {
-        "healthy": True,
-        "failed_tier": None,
-        "reason": None,
-        "tiers": tiers,
-        "main_pid": 4000,
-        "gpu_memory_mib": {"0": 69000, "1": 69000},
-        "model": {"model_path": "Qwen/Qwen3-8B"},
-        "speculative": {"algorithm": None},
-        "generation": {"text": "2, 3, 5, 7, 11"},
-        **extra,
-    }
-
-
-def failed_probe(tier="gpu", reason="unit active but its processes hold 0 MiB on GPU 0: model not loaded"):
-    result = healthy_probe(healthy=False, failed_tier=tier, reason=reason)
-    result["tiers"] = restart_chain._tiers(tier, reason)
-    return result
-
-
-class FakeProbe:
-    """Returns the given results in turn (the last one for ever); each call takes ``duration`` seconds."""
-
-    def __init__(self, clock, *results, duration=1.5):
-        self.clock = clock
-        self.results = list(results) or [healthy_probe()]
-        self.duration = duration
-        self.calls = []
-
-    def __call__(self, settings):
-        self.calls.append(settings)
-        self.clock.now += self.duration  # the probe's own time, not a sleep of the chain
-        return self.results[min(len(self.calls), len(self.results)) - 1]
-
-
-class FakeStore:
-    def __init__(self, error=None):
-        self.saves = []
-        self.error = error
-
-    def __call__(self, root):
-        self.root = root
-        return self
-
-    def save(self, files, dropin_dir, meta, check_mode=False, sources=None):
-        if self.error:
-            raise self.error
-        self.saves.append({"files": files, "dropin_dir": dropin_dir, "meta": meta, "sources": sources})
-        return {"changed": True, "msg": "snapshot saved"}
-
-
-class FakeLocks:
-    LockError = LockError
-
-    def __init__(self, busy=False, token="tok-1"):
-        self.busy = busy
-        self.token = token
-        self.calls = []
-
-    def acquire(self, path, owner, timeout, lease):
-        self.calls.append(("acquire", path, owner))
-        if self.busy:
-            raise LockBusy(f"{path} is held by controller=other, play=deploy; gave up after waiting 2.0 s", {})
-        return {"token": self.token, "msg": f"acquired {path} after 0.0 s", "waited_s": 0.0}
-
-    def release(self, path, token):
-        self.calls.append(("release", path, token))
-        return {"released": True, "msg": f"released {path}"}
-
-    def status(self, path):
-        self.calls.append(("status", path))
-        return {"held": self.busy, "msg": f"{path} is free"}
-
-    def held_with(self, path, token):
-        self.calls.append(("held_with", path, token))
-        return token == self.token
-
-
-PARAMS = {
-    "unit": "sglang-t",
-    "url": "http://127.0.0.1:30000",
-    "api_key": KEY,
-    "gpus": ["0", "1"],
-    "ready_timeout": 120,
-    "ready_when_active": True,
-    "stability_window": 5,
-    "soak": 3,
-    "reap": {"grace": 10, "timeout": 60, "threshold_mib": 1024},
-    "probe": {"expected_model": "Qwen/Qwen3-8B", "max_new_tokens": 32, "generate_timeout": 60},
-    "lock": {"path": "/run/lock/llmops-sglang-t.lock", "owner": {"play": "test"}, "timeout": 5, "lease": 600},
-    "known_good": {
-        "root": "/var/lib/llmops/known-good/sglang-t",
-        "files": {"unit": "/etc/systemd/system/sglang-t.service", "environment": "/etc/llmops/sglang-t.env"},
-        "dropin_dir": "/etc/systemd/system/sglang-t.service.d",
-        "patch_state_id": "pristine",
-        "python": "/opt/sglang/venv/bin/python",
-    },
-    "journal_lines": 30,
-}
-
-
-class World:
-    def __init__(self, state="active", *, starts=(), probe=(), unit_reaps=None, orphan_reaps=None, **unit_kwargs):
-        self.clock = FakeClock()
-        self.unit = FakeUnit(self.clock, state, starts=starts, **unit_kwargs)
-        self.reaper = FakeReaper(unit_reaps, orphan_reaps)
-        self.probe = FakeProbe(self.clock, *probe)
-        self.store = FakeStore()
-        self.locks = FakeLocks()
-        self.health_answers = []
-        self.ready_answers = [200]
-        self.runner = self.unit
-
-    def health(self):
-        return self.health_answers.pop(0) if len(self.health_answers) > 1 else self.health_answers[0]
-
-    def ready(self):
-        answer = self.ready_answers.pop(0) if len(self.ready_answers) > 1 else self.ready_answers[0]
-        if isinstance(answer, Exception):
-            raise answer
-        return answer
-
-    def chain(self, **overrides) -> RestartChain:
-        return self.build({**PARAMS, **overrides})
-
-    def build(self, params: dict, **stand_ins) -> RestartChain:
-        """The chain on this world's stand-ins (``stand_ins`` adds or replaces some)."""
-        return RestartChain(
-            parse_chain_options(params),
-            self.runner,
-            clock=self.clock,
-            sleep=self.clock.sleep,
-            reap=self.reaper,
-            probe=self.probe,
-            health=self.health,
-            ready=self.ready,
-            store=self.store,
-            locks=self.locks,
-            **stand_ins,
-        )
-
-    def run(self, check_mode=False, **overrides) -> dict:
-        return self.chain(**overrides).run(check_mode=check_mode)
-
-
-def step_names(result) -> list:
-    return [step["name"] for step in result["steps"]]
-
 
 # -- the passing chain -------------------------------------------------------------------------------------
 
@@ -336,7 +51,7 @@ def test_active_unit_is_drained_reaped_started_gated_and_snapshotted():
 
     assert result["healthy"] is True, result["msg"]
     assert result["changed"] is True
-    assert result["failed_step"] is None and result["failed_tier"] is None
+    assert result["gate"]["failed_step"] is None and result["gate"]["failed_tier"] is None
     assert step_names(result) == [
         "lock",
         "unit",
@@ -352,11 +67,15 @@ def test_active_unit_is_drained_reaped_started_gated_and_snapshotted():
     assert all(step["status"] in ("ok", "skipped") for step in result["steps"])
     assert world.unit.verbs() == ["stop", "reset-failed", "start"]
     assert ["systemctl", "start", "--no-block", UNIT] in world.unit.calls
-    assert result["stop_mode"] == "drain"
+    assert result["service"]["stop_mode"] == "drain"
     assert "stopped through its ExecStop drain" in result["steps"][3]["detail"]
     assert [call[0] for call in world.locks.calls] == ["acquire", "release"]
-    assert result["main_pid"] == 4000 and result["active_state"] == "active" and result["n_restarts"] == 0
-    assert result["snapshot"] == "snapshot saved"
+    assert (
+        result["service"]["main_pid"] == 4000
+        and result["service"]["active_state"] == "active"
+        and result["service"]["n_restarts"] == 0
+    )
+    assert result["service"]["snapshot"] == "snapshot saved"
     save = world.store.saves[0]
     assert save["sources"] == {"python": "/opt/sglang/venv/bin/python"}
     assert save["meta"]["patch_state_id"] == "pristine" and save["meta"]["main_pid"] == 4000
@@ -401,7 +120,7 @@ def test_the_window_starts_at_the_first_200_and_overlaps_the_probe():
     gate = next(step for step in result["steps"] if step["name"] == "gate")
     assert gate["elapsed_s"] == pytest.approx(7.0, abs=0.15)
     assert gate["detail"] == "passed, holding a stability window of 5 s"
-    assert max(world.clock.sleeps) <= restart_chain.POLL_S + 1e-9
+    assert max(world.clock.sleeps) <= POLL_S + 1e-9
 
 
 def test_zero_window_still_reads_the_unit_once_after_the_probe():
@@ -419,7 +138,7 @@ def test_inactive_unit_is_not_stopped_and_a_failed_one_is_reset():
         result = world.run()
         assert result["healthy"] is True
         assert world.unit.verbs() == ["reset-failed", "start"]
-        assert result["stop_mode"] == "none"
+        assert result["service"]["stop_mode"] == "none"
 
 
 def test_unit_in_a_restart_loop_is_killed_instead_of_drained():
@@ -428,7 +147,7 @@ def test_unit_in_a_restart_loop_is_killed_instead_of_drained():
     assert result["healthy"] is True
     assert world.unit.verbs() == ["kill", "stop", "reset-failed", "start"]
     assert ["systemctl", "kill", "--signal=SIGKILL", UNIT] in world.unit.calls
-    assert result["stop_mode"] == "kill"
+    assert result["service"]["stop_mode"] == "kill"
     loop = "in a restart loop (ActiveState=activating, SubState=auto-restart, NRestarts=4)"
     assert loop in result["steps"][3]["detail"]
 
@@ -441,7 +160,7 @@ def test_a_restarted_unit_caught_active_while_its_engine_is_not_ready_is_killed(
         result = world.run()
         assert result["healthy"] is True
         assert world.unit.verbs() == ["kill", "stop", "reset-failed", "start"]
-        assert result["stop_mode"] == "kill"
+        assert result["service"]["stop_mode"] == "kill"
         detail = result["steps"][3]["detail"]
         assert "in a restart loop (ActiveState=active, SubState=running, NRestarts=2; the engine is not ready" in detail
         assert why in detail
@@ -451,7 +170,7 @@ def test_a_restarted_unit_whose_engine_is_ready_is_drained():
     world = World("restarted")
     result = world.run()
     assert world.unit.verbs() == ["stop", "reset-failed", "start"]
-    assert result["stop_mode"] == "drain"
+    assert result["service"]["stop_mode"] == "drain"
 
 
 def test_holders_found_by_the_reap_make_the_probe_soak():
@@ -459,8 +178,8 @@ def test_holders_found_by_the_reap_make_the_probe_soak():
     result = world.run()
     assert result["healthy"] is True
     assert world.probe.calls[0]["soak_requests"] == 3
-    assert result["soak"] == 3
-    assert [entry["pid"] for entry in result["reaped"]] == [7001, 7002]
+    assert result["gate"]["soak"] == 3
+    assert [entry["pid"] for entry in result["gpu"]["reaped"]] == [7001, 7002]
     reap = next(step for step in result["steps"] if step["name"] == "reap")
     assert "reaped 2 holder(s): 7001 'sglang::scheduler_TP0'" in reap["detail"]
 
@@ -481,11 +200,13 @@ def test_after_an_unclean_stop_the_probe_the_host_runs_soaks_on_the_engine():
         return SglangProbe(
             checked,
             SglangClient(checked.url, timeout=checked.timeout),
-            unit_reader=lambda unit: running,
-            unit_pids=lambda unit: [4000, *schedulers],
-            gpu_reader=lambda: gpus,
-            process_reader=lambda pid: SimpleNamespace(
-                pid=pid, state="S", ppid=4000, title="sglang::scheduler", is_alive=True
+            ProbeHost(
+                unit_reader=lambda unit: running,
+                unit_pids=lambda unit: [4000, *schedulers],
+                gpu_reader=lambda: gpus,
+                process_reader=lambda pid: SimpleNamespace(
+                    pid=pid, state="S", ppid=4000, title="sglang::scheduler", is_alive=True
+                ),
             ),
         ).run()
 
@@ -496,8 +217,8 @@ def test_after_an_unclean_stop_the_probe_the_host_runs_soaks_on_the_engine():
     finally:
         server.stop()
     assert result["healthy"] is True, result
-    assert result["soak"] == PARAMS["soak"] == 3
-    soak = next(tier for tier in result["tiers"] if tier["name"] == "soak")
+    assert result["gate"]["soak"] == PARAMS["soak"] == 3
+    soak = next(tier for tier in result["gate"]["tiers"] if tier["name"] == "soak")
     assert soak["status"] == "ok" and soak["reason"].startswith("3 requests"), soak
     generations = [request for request in server.requests if request["path"] == "/generate"]
     assert len(generations) == 1 + 3  # the gate's generation, then the soak's
@@ -534,9 +255,8 @@ def test_a_start_job_that_begins_late_is_waited_for():
             original(late["args"])
         return original(args)
 
-    chain = world.chain()
-    chain.run_command = delayed
-    result = chain.run()
+    world.runner = delayed
+    result = world.run()
     assert result["healthy"] is True, result["msg"]
 
 
@@ -548,10 +268,10 @@ def test_busy_lock_fails_before_anything_is_stopped():
     world.locks.busy = True
     result = world.run()
     assert result["healthy"] is False and result["changed"] is False
-    assert result["failed_step"] == "lock"
+    assert result["gate"]["failed_step"] == "lock"
     assert "is held by controller=other, play=deploy; gave up after waiting 2.0 s" in result["msg"]
     assert world.unit.verbs() == []
-    assert result["journal"] == []
+    assert result["service"]["journal"] == []
 
 
 def test_a_lock_token_from_the_caller_is_checked_and_not_released():
@@ -559,11 +279,11 @@ def test_a_lock_token_from_the_caller_is_checked_and_not_released():
     result = world.run(lock={**PARAMS["lock"], "token": "tok-1"})
     assert result["healthy"] is True
     assert [call[0] for call in world.locks.calls] == ["held_with"]
-    assert result["lock"] == {"path": PARAMS["lock"]["path"], "taken": False}
+    assert result["service"]["lock"] == {"path": PARAMS["lock"]["path"], "taken": False}
 
     stale = World().run(lock={**PARAMS["lock"], "token": "stale"})
-    assert stale["failed_step"] == "lock"
-    assert "is not held with the given lock.token" in stale["reason"]
+    assert stale["gate"]["failed_step"] == "lock"
+    assert "is not held with the given lock.token" in stale["gate"]["reason"]
 
 
 def test_unreapable_gpu_memory_fails_the_chain_and_leaves_the_unit_stopped():
@@ -575,12 +295,12 @@ def test_unreapable_gpu_memory_fails_the_chain_and_leaves_the_unit_stopped():
     world = World(orphan_reaps=[error])
     result = world.run()
     assert result["healthy"] is False
-    assert result["failed_step"] == "reap"
-    assert result["reason"].startswith("GPU 1 needs a reset or a reboot: pid 7001 (state D) holds 44000 MiB")
-    assert "Evidence: GPU 1 (GPU-1): pid 7001 state D holds 44000 MiB" in result["reason"]
-    assert result["unreapable"] == [evidence]
+    assert result["gate"]["failed_step"] == "reap"
+    assert result["gate"]["reason"].startswith("GPU 1 needs a reset or a reboot: pid 7001 (state D) holds 44000 MiB")
+    assert "Evidence: GPU 1 (GPU-1): pid 7001 state D holds 44000 MiB" in result["gate"]["reason"]
+    assert result["gpu"]["unreapable"] == [evidence]
     assert "start" not in world.unit.verbs()
-    assert result["active_state"] == "inactive"
+    assert result["service"]["active_state"] == "inactive"
     assert result["msg"].startswith(f"{UNIT} restart chain failed at reap: GPU 1 needs a reset or a reboot")
     assert ("release", PARAMS["lock"]["path"], "tok-1") in world.locks.calls
 
@@ -589,15 +309,15 @@ def test_unreapable_entries_in_a_returned_result_also_stop_the_chain():
     entry = {"gpu": 0, "uuid": "GPU-0", "pid": None, "state": None, "mib": 30000, "evidence": "no process holds it"}
     world = World(orphan_reaps=[{"reaped": [], "unreapable": [entry]}])
     result = world.run()
-    assert result["failed_step"] == "reap"
-    assert result["reason"].startswith("GPU 0 needs a reset or a reboot: no process holds it")
+    assert result["gate"]["failed_step"] == "reap"
+    assert result["gate"]["reason"].startswith("GPU 0 needs a reset or a reboot: no process holds it")
     assert "start" not in world.unit.verbs()
 
 
 def test_memory_not_released_fails_at_reap_without_a_start():
     world = World(orphan_reaps=[ReapError("GPU memory not released within timeout 60s: GPU 0 uses 44001 MiB", {})])
     result = world.run()
-    assert result["failed_step"] == "reap"
+    assert result["gate"]["failed_step"] == "reap"
     assert "GPU memory not released" in result["msg"]
     assert "start" not in world.unit.verbs()
 
@@ -605,36 +325,34 @@ def test_memory_not_released_fails_at_reap_without_a_start():
 def test_a_unit_still_running_after_the_stop_is_refused_by_the_reaper():
     world = World(unit_reaps=[ReapInputError("unit", "sglang-t.service is active (running); stop it first")])
     result = world.run()
-    assert result["failed_step"] == "reap" and "stop it first" in result["reason"]
+    assert result["gate"]["failed_step"] == "reap" and "stop it first" in result["gate"]["reason"]
     assert "start" not in world.unit.verbs()
 
 
 def test_failed_stop_and_failed_start_are_named():
     world = World()
     original = world.unit.__call__
-    world_chain = world.chain()
-    world_chain.run_command = lambda args: (
+    world.runner = lambda args: (
         (1, "", "Job for sglang-t.service canceled.") if args[1:2] == ["stop"] else original(args)
     )
-    result = world_chain.run()
-    assert result["failed_step"] == "stop"
+    result = world.run()
+    assert result["gate"]["failed_step"] == "stop"
     assert "systemctl stop sglang-t.service failed (rc=1): Job for sglang-t.service canceled." in result["msg"]
 
     world = World()
     original = world.unit.__call__
-    world_chain = world.chain()
-    world_chain.run_command = lambda args: (
+    world.runner = lambda args: (
         (5, "", "Unit sglang-t.service is masked.") if args[1:2] == ["start"] else original(args)
     )
-    result = world_chain.run()
-    assert result["failed_step"] == "start" and "is masked" in result["reason"]
+    result = world.run()
+    assert result["gate"]["failed_step"] == "start" and "is masked" in result["gate"]["reason"]
 
 
 def test_unit_not_found_fails_before_the_stop():
     world = World(loaded=False)
     result = world.run()
-    assert result["failed_step"] == "unit"
-    assert "not found (LoadState=not-found)" in result["reason"]
+    assert result["gate"]["failed_step"] == "unit"
+    assert "not found (LoadState=not-found)" in result["gate"]["reason"]
     assert world.unit.verbs() == []
     assert result["changed"] is False
 
@@ -646,8 +364,8 @@ def test_crash_during_the_load_fails_the_unit_tier_at_the_first_restart_with_the
     world = World(starts=[Start(load=30.0, crash_at=1.0)])
     result = world.run()
     assert result["healthy"] is False
-    assert result["failed_step"] is None and result["failed_tier"] == "unit"
-    assert result["reason"].startswith("unit restarting: MainPID 4000 -> 0, NRestarts 0 -> 1")
+    assert result["gate"]["failed_step"] is None and result["gate"]["failed_tier"] == "unit"
+    assert result["gate"]["reason"].startswith("unit restarting: MainPID 4000 -> 0, NRestarts 0 -> 1")
     assert world.clock.now < 3.0
     assert result["msg"].startswith(f"{UNIT} failed its gate: unit tier: unit restarting")
     assert (
@@ -663,14 +381,14 @@ def test_engine_that_exits_0_three_seconds_after_its_first_200_fails_the_default
     world = World(starts=[Start(load=2.0, exit0_after_ready=3.0)])
     result = world.run()
     assert result["healthy"] is False
-    assert result["failed_tier"] == "unit"
+    assert result["gate"]["failed_tier"] == "unit"
     assert re.fullmatch(
         rf"unit {UNIT} is inactive \(exited 0\): its main process exited with status 0 3\.[01] s after the server "
         r"first answered /health, and Restart=on-failure does not restart a clean exit \(within the stability window "
         r"of 5 s after the first /health 200\)",
-        result["reason"],
-    ), result["reason"]
-    tiers = {tier["name"]: tier["status"] for tier in result["tiers"]}
+        result["gate"]["reason"],
+    ), result["gate"]["reason"]
+    tiers = {tier["name"]: tier["status"] for tier in result["gate"]["tiers"]}
     assert tiers["unit"] == "failed" and tiers["generate"] == "ok"
     assert world.store.saves == []
     # Caught one poll after the exit, not at the end of the window.
@@ -686,19 +404,19 @@ def test_an_exit_after_the_window_is_not_the_gates_business():
 def test_a_restart_within_the_window_fails_early():
     world = World(starts=[Start(load=2.0, crash_at=4.0)])
     result = world.run()
-    assert result["failed_tier"] == "unit"
-    assert "unit restarting: MainPID 4000 -> 0, NRestarts 0 -> 1" in result["reason"]
-    assert "within the stability window of 5 s" in result["reason"]
+    assert result["gate"]["failed_tier"] == "unit"
+    assert "unit restarting: MainPID 4000 -> 0, NRestarts 0 -> 1" in result["gate"]["reason"]
+    assert "within the stability window of 5 s" in result["gate"]["reason"]
 
 
 def test_not_ready_within_the_ready_timeout():
     world = World(starts=[Start(load=999.0)])
     result = world.run(ready_timeout=3)
-    assert result["failed_tier"] == "unit"
-    assert result["reason"] == f"unit {UNIT} not ready within 3 s: ActiveState=activating, SubState=start-post"
+    assert result["gate"]["failed_tier"] == "unit"
+    assert result["gate"]["reason"] == f"unit {UNIT} not ready within 3 s: ActiveState=activating, SubState=start-post"
     # Asked once whether the model is on the GPUs (it is: the engine is just slow), then judged on the unit.
     assert [call["tiers"] for call in world.probe.calls] == [["gpu"]]
-    assert result["attempts"] == 1
+    assert result["gate"]["attempts"] == 1
 
 
 def test_a_start_that_never_gets_ready_and_holds_no_gpu_memory_is_a_model_that_did_not_load():
@@ -707,8 +425,8 @@ def test_a_start_that_never_gets_ready_and_holds_no_gpu_memory_is_a_model_that_d
     world = World(starts=[Start(load=999.0), Start(load=2.0)], probe=[failed_probe(), healthy_probe()])
     result = world.run(ready_timeout=3)
     assert result["healthy"] is True
-    assert result["attempts"] == 2
-    first = result["gates"][0]
+    assert result["gate"]["attempts"] == 2
+    first = result["gate"]["per_attempt"][0]
     assert first["failed_tier"] == "gpu"
     assert first["reason"] == (
         "unit active but its processes hold 0 MiB on GPU 0: model not loaded "
@@ -721,16 +439,16 @@ def test_health_that_never_answers_200_fails_the_health_tier():
     world = World()
     world.health_answers = [503]
     result = world.run(ready_when_active=False, ready_timeout=2)
-    assert result["failed_tier"] == "health"
-    assert "/health did not answer 200 within 2 s (HTTP 503)" in result["reason"]
+    assert result["gate"]["failed_tier"] == "health"
+    assert "/health did not answer 200 within 2 s (HTTP 503)" in result["gate"]["reason"]
 
 
 def test_an_active_unit_whose_health_never_answers_and_holds_no_model_is_retried_on_the_gpu_tier():
     world = World(probe=[failed_probe(), healthy_probe()])
     world.health_answers = [503]
     result = world.run(ready_when_active=False, ready_timeout=2, max_starts=1)
-    assert result["failed_tier"] == "gpu"
-    assert result["reason"] == (
+    assert result["gate"]["failed_tier"] == "gpu"
+    assert result["gate"]["reason"] == (
         "unit active but its processes hold 0 MiB on GPU 0: model not loaded "
         "(/health did not answer 200 within 2 s (HTTP 503))"
     )
@@ -740,7 +458,7 @@ def test_an_active_unit_whose_health_never_answers_and_holds_no_model_is_retried
 def test_a_probe_failure_other_than_gpu_is_not_retried():
     world = World(probe=[failed_probe("generate", "generation timed out: no response from /generate within 60.0 s")])
     result = world.run()
-    assert result["attempts"] == 1
+    assert result["gate"]["attempts"] == 1
     assert world.unit.verbs().count("start") == 1
     assert result["msg"].startswith(f"{UNIT} failed its gate: generate tier: generation timed out")
 
@@ -749,9 +467,9 @@ def test_a_model_that_did_not_load_once_is_recovered_by_another_start():
     world = World(probe=[failed_probe(), healthy_probe()])
     result = world.run()
     assert result["healthy"] is True
-    assert result["attempts"] == 2
+    assert result["gate"]["attempts"] == 2
     assert world.unit.verbs() == ["stop", "reset-failed", "start", "stop", "reset-failed", "start"]
-    assert [gate["healthy"] for gate in result["gates"]] == [False, True]
+    assert [gate["healthy"] for gate in result["gate"]["per_attempt"]] == [False, True]
     assert len(world.store.saves) == 1
 
 
@@ -759,28 +477,28 @@ def test_a_model_that_never_loads_fails_on_the_gpu_tier_after_the_start_limit_an
     world = World(probe=[failed_probe()])
     result = world.run()
     assert result["healthy"] is False
-    assert result["attempts"] == 3
+    assert result["gate"]["attempts"] == 3
     assert world.unit.verbs().count("start") == 3
     # The last attempt is left running: no stop after the last gate.
     assert world.unit.verbs()[-1] == "start"
-    assert result["failed_tier"] == "gpu"
-    assert result["reason"].endswith("(after 3 starts, the unit's start limit; the last one is left running)")
+    assert result["gate"]["failed_tier"] == "gpu"
+    assert result["gate"]["reason"].endswith("(after 3 starts, the unit's start limit; the last one is left running)")
     assert result["msg"].startswith(f"{UNIT} failed its gate: gpu tier: unit active but its processes hold 0 MiB")
-    assert result["active_state"] == "active"
+    assert result["service"]["active_state"] == "active"
     assert world.store.saves == []
 
 
 def test_max_starts_overrides_the_units_start_limit():
     world = World(probe=[failed_probe()])
-    assert world.run(max_starts=1)["attempts"] == 1
+    assert world.run(max_starts=1)["gate"]["attempts"] == 1
 
 
 def test_failed_snapshot_is_a_failed_chain():
     world = World()
     world.store.error = SnapshotError("/etc/llmops/sglang-t.env does not exist; nothing known-good to record")
     result = world.run()
-    assert result["healthy"] is False and result["failed_step"] == "snapshot"
-    assert "the known-good snapshot was not saved: /etc/llmops/sglang-t.env does not exist" in result["reason"]
+    assert result["healthy"] is False and result["gate"]["failed_step"] == "snapshot"
+    assert "the known-good snapshot was not saved: /etc/llmops/sglang-t.env does not exist" in result["gate"]["reason"]
     assert ("release", PARAMS["lock"]["path"], "tok-1") in world.locks.calls
 
 
@@ -788,7 +506,7 @@ def test_no_snapshot_without_a_known_good_root():
     world = World()
     params = {**PARAMS, "known_good": {}}
     result = world.run(**params)
-    assert result["healthy"] is True and result["snapshot"] is None
+    assert result["healthy"] is True and result["service"]["snapshot"] is None
     assert world.store.saves == []
 
 
@@ -828,7 +546,7 @@ def test_check_mode_reports_the_plan_and_changes_nothing():
 def test_check_mode_before_the_first_install_plans_the_first_start():
     world = World("inactive", loaded=False)
     result = world.run(check_mode=True)
-    assert result.get("failed_step") is None and result["changed"] is True, result
+    assert result["gate"].get("failed_step") is None and result["changed"] is True, result
     assert result["plan"]["stop"]["mode"] == "none"
     assert result["plan"]["start"] == f"systemctl start --no-block {UNIT}"
     assert world.unit.verbs() == [] and world.store.saves == []
@@ -838,7 +556,7 @@ def test_check_mode_names_gpu_memory_nobody_can_free():
     entry = {"gpu": 1, "uuid": "GPU-1", "pid": 7001, "state": "D", "mib": 44000, "evidence": "pid 7001 in state D"}
     world = World("inactive", orphan_reaps=[{"reaped": [], "unreapable": [entry]}])
     result = world.run(check_mode=True)
-    assert result["unreapable"] == [entry]
+    assert result["gpu"]["unreapable"] == [entry]
     assert "would stop before the start" in result["plan"]["reap"]["unreapable"]
     assert world.unit.verbs() == []
 
@@ -867,7 +585,7 @@ def test_check_mode_of_a_running_unit_does_not_ask_to_reap_its_processes():
 )
 def test_bad_options_name_themselves(overrides, option, message):
     with pytest.raises(ChainInputError) as refused:
-        parse_chain_options({**PARAMS, **overrides})
+        parse_chain_options(validated({**PARAMS, **overrides}))
     assert refused.value.option == option
     assert message in str(refused.value)
 
@@ -880,3 +598,32 @@ def test_timespans_read_as_systemctl_prints_them():
     assert parse_timespan("0") == 0
     assert parse_timespan("infinity") is None
     assert parse_timespan("soon") is None
+
+
+# -- the deprecated flat keys ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("check_mode", [False, True])
+def test_every_flat_key_of_before_the_nesting_is_still_returned_with_its_value(check_mode):
+    """Until 2.0.0: the one test that reads the flat keys; the nested result is what the rest reads."""
+    result = World(probe=[failed_probe()]).run(check_mode=check_mode, max_starts=2)
+    for flat, nested in FLAT_ALIASES.items():
+        group, key = nested.split(".")
+        assert result[flat] == result[group][key], flat
+    assert result["service"]["name"] == UNIT == result["unit"]
+    flat_keys_before = {
+        "unit", "healthy", "failed_step", "failed_tier", "reason", "tiers", "main_pid", "n_restarts", "active_state",
+        "sub_state", "result", "gpu_memory_mib", "model", "speculative", "generation", "snapshot", "journal",
+        "start", "start_limit", "stop_mode", "reaped", "unreapable", "soak", "attempts", "gates", "lock", "gateway",
+        "changed", "steps", "elapsed_s", "diff", "warnings", "msg",
+    }  # fmt: skip
+    assert flat_keys_before <= set(result)
+    assert result["failed_tier"] == ("gpu" if not check_mode else None)
+
+
+def test_flat_view_reads_the_nested_groups_under_their_flat_names():
+    nested = World(probe=[failed_probe()]).run(max_starts=2)
+    only_nested = {key: value for key, value in nested.items() if key not in FLAT_ALIASES}
+    view = flat_view(only_nested)
+    assert {flat: view[flat] for flat in FLAT_ALIASES} == {flat: nested[flat] for flat in FLAT_ALIASES}
+    assert flat_view(None) == {}

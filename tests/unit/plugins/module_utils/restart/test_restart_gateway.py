@@ -1,7 +1,7 @@
 """The restart chain behind gateways: drain out of every replica, wait for in-flight requests, re-add after the gate.
 
 The gateways are FakeGateway replicas (real HTTP on loopback, smg's API); systemd, the probe and the reaper are the
-scripted stand-ins of test_restart_chain.py. The engine's /metrics is a list of (running, queued) scrapes.
+scripted stand-ins of restart_world.py. The engine's /metrics is a list of (running, queued) scrapes.
 """
 
 from __future__ import annotations
@@ -10,30 +10,26 @@ import json
 
 import pytest
 from fake_gateway import FakeGateway
-from test_restart_chain import PARAMS, UNIT, World, failed_probe, step_names
-
-from ansible_collections.llmops.inference.plugins.module_utils.restart_chain import (
-    ChainInputError,
-    RestartChain,
-    parse_chain_options,
+from restart_world import (
+    ADMIN_KEY,
+    ME,
+    MODEL,
+    OTHERS,
+    PARAMS,
+    UNIT,
+    GatewayWorld,
+    Scrapes,
+    World,
+    failed_probe,
+    fleet,
+    step_names,
+    validated,
 )
 
-ME = "http://10.0.0.5:30000"
-OTHERS = ["http://10.0.0.6:30000", "http://10.0.0.7:30000"]
-MODEL = "Qwen/Qwen3-8B"
-ADMIN_KEY = "gw-adm1n-s3cret"
-
-
-class Scrapes:
-    """The engine's in-flight counts, one per scrape (the last one for ever); None when /metrics is down."""
-
-    def __init__(self, *answers):
-        self.answers = list(answers) or [(0, 0)]
-        self.calls = 0
-
-    def __call__(self):
-        self.calls += 1
-        return self.answers[min(self.calls, len(self.answers)) - 1]
+from ansible_collections.llmops.inference.plugins.module_utils.restart.options import (
+    ChainInputError,
+    parse_chain_options,
+)
 
 
 @pytest.fixture
@@ -42,42 +38,6 @@ def replicas():
     yield gateways
     for gateway in gateways:
         gateway.stop()
-
-
-def fleet(gateways, workers=(ME, *OTHERS)):
-    for gateway in gateways:
-        for worker in workers:
-            gateway.register(worker)
-
-
-class GatewayWorld(World):
-    """A World whose unit records, at each systemctl stop and start, what every gateway listed then."""
-
-    def __init__(self, gateways, scrapes=None, **kwargs):
-        super().__init__(**kwargs)
-        self.gateways = gateways
-        self.scrapes = scrapes or Scrapes()
-        self.listed_at = {}
-        unit = self.unit
-
-        def recording(args):
-            if args[0] == "systemctl" and args[1] in ("stop", "start"):
-                self.listed_at.setdefault(args[1], [gateway.listed() for gateway in gateways])
-            return unit(args)
-
-        self.runner = recording
-
-    def chain(self, **overrides) -> RestartChain:
-        params = {
-            **PARAMS,
-            "gateways": [gateway.url for gateway in self.gateways],
-            "gateway_api_key": ADMIN_KEY,
-            "gateway_worker_url": ME,
-            "gateway_wait_timeout": 30,
-            "drain_timeout": 5,
-            **overrides,
-        }
-        return self.build(params, scrape=self.scrapes)
 
 
 def test_the_worker_leaves_every_replica_before_the_stop_and_rejoins_each_after_the_gate(replicas):
@@ -143,13 +103,13 @@ def test_one_replica_down_fails_before_anything_is_stopped(replicas):
     world = GatewayWorld(replicas)
     result = world.run()
 
-    assert result["failed_step"] == "gateway_drain" and result["healthy"] is False
-    assert result["reason"].startswith("1 of 2 gateway(s) cannot be used, nothing was changed:")
-    assert f"gateway {replicas[1].url}: cannot reach it" in result["reason"]
-    assert result["reason"].endswith("; the engine was not stopped")
+    assert result["gate"]["failed_step"] == "gateway_drain" and result["healthy"] is False
+    assert result["gate"]["reason"].startswith("1 of 2 gateway(s) cannot be used, nothing was changed:")
+    assert f"gateway {replicas[1].url}: cannot reach it" in result["gate"]["reason"]
+    assert result["gate"]["reason"].endswith("; the engine was not stopped")
     assert world.unit.verbs() == []
     assert replicas[0].mutations() == [] and replicas[0].listed() == sorted([ME, *OTHERS])
-    assert result["journal"] == []
+    assert result["service"]["journal"] == []
     assert ("release", PARAMS["lock"]["path"], "tok-1") in world.locks.calls
 
 
@@ -158,9 +118,12 @@ def test_removing_the_last_healthy_worker_of_the_model_is_refused_before_the_sto
     world = GatewayWorld(replicas)
     result = world.run()
 
-    assert result["failed_step"] == "gateway_drain"
-    assert result["reason"].startswith(f"refusing to remove {ME} from any gateway (min_healthy=1):")
-    assert f"it would leave 0 healthy worker(s) of model {MODEL} (needs 1; healthy others: none)" in result["reason"]
+    assert result["gate"]["failed_step"] == "gateway_drain"
+    assert result["gate"]["reason"].startswith(f"refusing to remove {ME} from any gateway (min_healthy=1):")
+    assert (
+        f"it would leave 0 healthy worker(s) of model {MODEL} (needs 1; healthy others: none)"
+        in result["gate"]["reason"]
+    )
     assert world.unit.verbs() == []
     assert all(replica.mutations() == [] and replica.listed() == [ME] for replica in replicas)
     assert result["gateway"]["in_gateways"] is True
@@ -171,8 +134,8 @@ def test_with_an_unhealthy_peer_the_refusal_names_the_healthy_workers_left(repli
     for replica in replicas:
         replica.register(OTHERS[1], healthy=False)
     result = GatewayWorld(replicas).run(gateway_min_healthy=2)
-    assert result["failed_step"] == "gateway_drain"
-    assert f"healthy others: {OTHERS[0]})" in result["reason"] and "needs 2" in result["reason"]
+    assert result["gate"]["failed_step"] == "gateway_drain"
+    assert f"healthy others: {OTHERS[0]})" in result["gate"]["reason"] and "needs 2" in result["gate"]["reason"]
 
 
 def test_with_three_workers_a_restart_of_one_proceeds(replicas):
@@ -186,7 +149,7 @@ def test_a_failed_gate_leaves_the_worker_out_of_every_replica_and_says_so(replic
     world = GatewayWorld(replicas, probe=[failed_probe("generate", "no tokens within 60 s")])
     result = world.run()
 
-    assert result["healthy"] is False and result["failed_tier"] == "generate"
+    assert result["healthy"] is False and result["gate"]["failed_tier"] == "generate"
     assert all(replica.listed() == sorted(OTHERS) for replica in replicas)
     assert result["gateway"]["in_gateways"] is False and result["gateway"]["added_to"] == []
     added = next(step for step in result["steps"] if step["name"] == "gateway_add")
@@ -208,7 +171,7 @@ def test_a_failed_start_leaves_the_worker_out_and_says_so(replicas):
 
     world.runner = refusing
     result = world.run()
-    assert result["failed_step"] == "start"
+    assert result["gate"]["failed_step"] == "start"
     assert result["gateway"]["in_gateways"] is False
     assert "is left out of its gateway(s)" in result["msg"].splitlines()[0]
     assert all(replica.listed() == sorted(OTHERS) for replica in replicas)
@@ -227,7 +190,7 @@ def test_check_mode_says_where_it_would_remove_and_add_and_changes_nothing(repli
     world = GatewayWorld(replicas)
     result = world.run(check_mode=True)
 
-    assert result["failed_step"] is None, result["msg"]
+    assert result["gate"]["failed_step"] is None, result["msg"]
     drain = next(step for step in result["steps"] if step["name"] == "gateway_drain")
     assert drain["status"] == "planned"
     assert drain["detail"] == f"would remove {ME} from 2 of 2 gateway(s): {replicas[0].url}, {replicas[1].url}"
@@ -241,16 +204,16 @@ def test_check_mode_says_where_it_would_remove_and_add_and_changes_nothing(repli
 def test_check_mode_reports_a_refusal_as_a_real_run_would(replicas):
     fleet(replicas, workers=(ME,))
     result = GatewayWorld(replicas).run(check_mode=True)
-    assert result["failed_step"] == "gateway_drain" and "refusing to remove" in result["reason"]
+    assert result["gate"]["failed_step"] == "gateway_drain" and "refusing to remove" in result["gate"]["reason"]
 
 
 def test_a_wrong_gateway_key_is_a_clear_error_and_nothing_is_stopped(replicas):
     fleet(replicas)
     world = GatewayWorld(replicas)
     result = world.run(gateway_api_key="not-the-key")
-    assert result["failed_step"] == "gateway_drain"
-    assert "2 of 2 gateway(s) cannot be used, nothing was changed" in result["reason"]
-    assert "GET /workers answered HTTP 401: the gateway refused api_key" in result["reason"]
+    assert result["gate"]["failed_step"] == "gateway_drain"
+    assert "2 of 2 gateway(s) cannot be used, nothing was changed" in result["gate"]["reason"]
+    assert "GET /workers answered HTTP 401: the gateway refused api_key" in result["gate"]["reason"]
     assert "not-the-key" not in json.dumps(result)
     assert world.unit.verbs() == []
 
@@ -275,15 +238,15 @@ def test_without_gateways_the_chain_has_no_gateway_field():
 )
 def test_bad_gateway_options_name_themselves(overrides, option, message):
     with pytest.raises(ChainInputError) as caught:
-        parse_chain_options({**PARAMS, **overrides})
+        parse_chain_options({**validated(PARAMS), **overrides})
     assert caught.value.option == option
     assert message in str(caught.value)
 
 
 def test_the_worker_url_defaults_to_the_gates_url():
-    options = parse_chain_options({**PARAMS, "gateways": ["http://gw:30080"]})
-    assert options.gateway_worker_url == PARAMS["url"]
-    assert parse_chain_options(PARAMS).gateway_worker_url is None
+    options = parse_chain_options(validated({**PARAMS, "gateways": ["http://gw:30080"]}))
+    assert options.gateway.worker_url == PARAMS["url"]
+    assert parse_chain_options(validated(PARAMS)).gateway.worker_url is None
     assert UNIT == options.unit
 
 
@@ -312,9 +275,9 @@ def test_a_removal_that_never_ends_fails_the_re_add_after_the_gate_and_says_so(r
     replicas[1].clock = world.clock
     result = world.run(gateway_wait_timeout=2)
 
-    assert result["failed_step"] == "gateway_add"
-    assert f"{ME} is not done draining on every gateway after 2 s" in result["reason"]
-    assert f"gateway {replicas[1].url}: still draining from its earlier removal" in result["reason"]
+    assert result["gate"]["failed_step"] == "gateway_add"
+    assert f"{ME} is not done draining on every gateway after 2 s" in result["gate"]["reason"]
+    assert f"gateway {replicas[1].url}: still draining from its earlier removal" in result["gate"]["reason"]
     assert result["gateway"]["in_gateways"] is False
 
 
@@ -324,9 +287,11 @@ def test_a_removal_that_does_not_take_stops_the_chain_before_the_stop_and_says_w
     world = GatewayWorld(replicas)
     result = world.run(gateway_wait_timeout=2)
 
-    assert result["failed_step"] == "gateway_drain"
-    assert f"{ME} is not out of rotation on every gateway after 2 s" in result["reason"]
+    assert result["gate"]["failed_step"] == "gateway_drain"
+    assert f"{ME} is not out of rotation on every gateway after 2 s" in result["gate"]["reason"]
     out_of = f"{replicas[0].url}, {replicas[1].url}"
-    assert result["reason"].endswith(f"; the engine was not stopped; it is out of {out_of} until a restart passes")
+    assert result["gate"]["reason"].endswith(
+        f"; the engine was not stopped; it is out of {out_of} until a restart passes"
+    )
     assert world.unit.verbs() == []
     assert result["gateway"]["in_gateways"] is False

@@ -1,0 +1,189 @@
+# Copyright: (c) 2025, llmops.inference contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Every effect the chain has on the host, behind injectable runners.
+
+``run_command`` runs systemctl and journalctl; the reaper, the probe, the engine's /health, /ready and /metrics, the
+snapshot store and the host lock default to the real ones on the host. Tests replace any of them.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ansible_collections.llmops.inference.plugins.module_utils import host_lock as _host_lock
+from ansible_collections.llmops.inference.plugins.module_utils.gateway_drain import IN_FLIGHT_METRICS, in_flight
+from ansible_collections.llmops.inference.plugins.module_utils.gpu_selection import ORPHAN_PATTERN
+from ansible_collections.llmops.inference.plugins.module_utils.known_good import KnownGoodStore
+from ansible_collections.llmops.inference.plugins.module_utils.probe import SglangProbe
+from ansible_collections.llmops.inference.plugins.module_utils.probe_settings import ProbeSettings
+from ansible_collections.llmops.inference.plugins.module_utils.reaper import GpuReaper, parse_options
+from ansible_collections.llmops.inference.plugins.module_utils.restart.options import ChainOptions
+from ansible_collections.llmops.inference.plugins.module_utils.restart.result import ChainFailure, Steps
+from ansible_collections.llmops.inference.plugins.module_utils.sglang import SglangClient, SglangError
+from ansible_collections.llmops.inference.plugins.module_utils.systemd import SHOW_PROPERTIES, SystemdError, show_unit
+
+# The properties the chain reads besides those of every `systemctl show` of the collection.
+UNIT_PROPERTIES = (
+    *SHOW_PROPERTIES,
+    "ExecMainPID",
+    "InactiveExitTimestampMonotonic",
+    "KillMode",
+    "ExecStop",
+    "NeedDaemonReload",
+    "StartLimitBurst",
+    "StartLimitIntervalUSec",
+)
+HEALTH_TIMEOUT_S = 5.0
+METRICS_TIMEOUT_S = 2.0
+CLIENT_TIMEOUT_S = 10.0
+
+
+@dataclass
+class Runners:
+    """What the chain runs; None picks the host's own (see :class:`HostRunners`)."""
+
+    run_command: Callable
+    clock: Callable = time.monotonic
+    sleep: Callable = time.sleep
+    reap: Callable | None = None
+    probe: Callable | None = None
+    health: Callable | None = None
+    ready: Callable | None = None
+    scrape: Callable | None = None
+    store: Any = KnownGoodStore
+    locks: Any = _host_lock
+    gateway_set: Any = None
+
+
+class HostRunners:
+    """The runners of one run, with the host's own in place of those not given."""
+
+    def __init__(self, options: ChainOptions, given: Runners):
+        self.options = options
+        self.run_command = given.run_command
+        self.clock, self.sleep = given.clock, given.sleep
+        self.reap = given.reap or self._host_reap
+        self.probe = given.probe or self._host_probe
+        self.health = given.health or self._host_health
+        self.ready = given.ready or self._host_ready
+        self.scrape = given.scrape or self._host_in_flight
+        self.store, self.locks, self.gateway_set = given.store, given.locks, given.gateway_set
+
+    def _client(self, timeout: float = CLIENT_TIMEOUT_S) -> SglangClient:
+        options = self.options
+        return SglangClient(
+            options.url, api_key=options.api_key, timeout=timeout, validate_certs=options.validate_certs
+        )
+
+    def _host_reap(self, params: dict, check_mode: bool) -> dict:
+        return GpuReaper(parse_options(params), self.run_command).run(check_mode=check_mode)
+
+    def _host_probe(self, settings: dict) -> dict:
+        return SglangProbe.for_host(ProbeSettings(**settings).validate(), self._client(), self.run_command).run()
+
+    def _host_health(self) -> int:
+        return self._client(HEALTH_TIMEOUT_S).health()
+
+    def _host_ready(self) -> int:
+        return self._client(HEALTH_TIMEOUT_S).ready()[1]
+
+    def _host_in_flight(self):
+        try:
+            return in_flight(self._client(METRICS_TIMEOUT_S).metric_samples(IN_FLIGHT_METRICS))
+        except SglangError:
+            return None
+
+    def engine_not_ready(self) -> str | None:
+        """None when the engine's readiness endpoint answers 200, else what it answered."""
+        try:
+            status = self.ready()
+        except SglangError as exc:
+            return f"the engine is not ready: {exc}"
+        return None if status == 200 else f"the engine is not ready: HTTP {status}"
+
+    def systemctl(self, *args) -> tuple:
+        return self.run_command(["systemctl", *args])
+
+    def systemctl_or_fail(self, step: str, *args) -> None:
+        """``systemctl ARGS``; a non-zero exit fails ``step`` with systemctl's own words."""
+        rc, out, err = self.systemctl(*args)
+        if rc != 0:
+            command = " ".join(arg for arg in args if not arg.startswith("--"))
+            raise ChainFailure(step, f"systemctl {command} failed (rc={rc}): {(err or out).strip()}")
+
+    def read_unit(self, step: str = "unit"):
+        try:
+            return show_unit(self.run_command, self.options.unit, UNIT_PROPERTIES)
+        except SystemdError as exc:
+            raise ChainFailure(step, str(exc)) from None
+
+    def journal(self, lines: int) -> list:
+        rc, out, err = self.run_command(["journalctl", "-u", self.options.unit, "-n", str(lines), "--no-pager"])
+        return out.splitlines() if rc == 0 else [f"journalctl failed (rc={rc}): {err.strip()}"]
+
+
+class HostLock:
+    """The host lock: taken by the chain, or checked when the caller holds it (``lock.token``)."""
+
+    def __init__(self, runners: HostRunners, steps: Steps):
+        self.options = runners.options.lock
+        self.locks = runners.locks
+        self.steps = steps
+        self.record = {}
+
+    def take(self, check_mode: bool) -> str | None:
+        """Take the lock, or check the one the caller holds; return a token to release, or None."""
+        if not self.options.path:
+            self.steps.note("lock", "skipped", "no lock.path given")
+            return None
+        with self.steps.run("lock") as step:
+            if self.options.token:
+                step["detail"] = self._check_held()
+                return None
+            if check_mode:
+                step["detail"] = self._would_take()
+                return None
+            return self._acquire(step)
+
+    def _check_held(self) -> str:
+        path, token = self.options.path, self.options.token
+        if not self.locks.held_with(path, token):
+            holder = self.locks.status(path)
+            raise ChainFailure("lock", f"{path} is not held with the given lock.token ({holder.get('msg')})")
+        self.record = {"path": path, "taken": False}
+        return f"held by the caller: {path}"
+
+    def _would_take(self) -> str:
+        state = self.locks.status(self.options.path)
+        self.record = {"path": self.options.path, "taken": False, "held": state.get("held")}
+        return f"would take {self.options.path} ({state.get('msg')})"
+
+    def _acquire(self, step: dict) -> str:
+        options = self.options
+        try:
+            record = self.locks.acquire(options.path, options.owner, options.timeout, options.lease)
+        except self.locks.LockError as exc:
+            raise ChainFailure("lock", str(exc)) from None
+        step["detail"] = record.get("msg", "")
+        self.record = {"path": options.path, "taken": True, "waited_s": record.get("waited_s")}
+        return record["token"]
+
+    def release(self, token: str, warnings: list) -> None:
+        with self.steps.run("unlock") as step:
+            try:
+                step["detail"] = self.locks.release(self.options.path, token).get("msg", "")
+            except (self.locks.LockError, OSError) as exc:
+                step["status"], step["detail"] = "failed", str(exc)
+                warnings.append(f"releasing the host lock: {exc}")
+
+
+def reap_params(options: ChainOptions) -> tuple:
+    """The reaper's two scopes: the unit's leftovers (no release wait), then orphans on its GPUs (waiting)."""
+    reap = options.reap
+    common = {"gpus": list(options.gpus), "grace": reap["grace"], "timeout": reap["timeout"]}
+    leftovers = dict(common, unit=options.unit, wait_released=False)
+    orphans = dict(common, match=ORPHAN_PATTERN, orphans_only=True, released_below_mib=reap["threshold_mib"])
+    return leftovers, orphans
