@@ -53,6 +53,10 @@ rm -rf /var/lib/simgpu/claims/* /var/lib/llmops /run/lock/llmops*
 userdel -r sglang-t 2>/dev/null; groupdel sglang-t 2>/dev/null
 rm -rf /opt/fakepy /opt/nosglang /run/llmops-test-* /etc/llmops
 rm -f /opt/sglang/venv/lib/python3.11/site-packages/llmops_test_engine.py
+# The route to the other lab hosts that gateway_lab.connect_hosts adds (host0 is point-to-point: no /24 of its own).
+ip -4 route show dev host0 | awk '$2 == "via" && $1 ~ /[/]24$/ {{print $1}}' | while read -r net; do
+  ip route del "$net" dev host0
+done
 exit 0
 """
 

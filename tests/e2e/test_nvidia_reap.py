@@ -358,7 +358,11 @@ def test_an_orphan_on_a_mig_device_is_reaped_by_the_devices_uuid(clean_lab, mig_
     assert not alive(lab, host, orphans[0])
 
 
-GATE_FILES = ("__init__.py", "gpu.py", "procs.py", "gpu_gate.py")
+# The files the role installs for the unit's gate (its vars/main.yml lists them), so the test runs the same code.
+GATE_FILES = (
+    "__init__.py",
+    *re.findall(r"module_utils_src \}\}/(\w+\.py)", (REPO / "roles/sglang_service/vars/main.yml").read_text()),
+)
 GATE_DIR = "/tmp/llmops-gate-test"
 RESERVED_FILE = "/var/lib/simgpu/reserved_mib"
 

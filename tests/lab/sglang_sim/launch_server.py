@@ -251,19 +251,23 @@ def _launch(ns, argv: list[str], ignored: list[str]) -> int:
     signal.signal(signal.SIGQUIT, life._on_sigquit)  # launch_phase_sigquit_handler
     supervisor.close_in_children = [httpd.fileno()]
     try:
-        for plan in _plans(ns, spec, model, installed):
-            supervisor.spawn(
-                f"scheduler_{plan.index}",
-                lambda report, control, p=plan: run_scheduler(p, report, control),
-                scheduler=True,
-                escapes_kill=plan.orphan,
-            )
+        _spawn_schedulers(supervisor, _plans(ns, spec, model, installed))
         supervisor.spawn("detokenizer", lambda report, control: run_detokenizer(report, control, ns.log_level), False)
         state.reports = supervisor.wait_ready()
         supervisor.start_watchdog()
         return _uvicorn(ns, life, httpd)
     finally:
         supervisor.kill_process_tree(include_parent=False)  # launch_server.py's `finally`
+
+
+def _spawn_schedulers(supervisor, plans) -> None:
+    for plan in plans:
+        supervisor.spawn(
+            f"scheduler_{plan.index}",
+            lambda report, control, p=plan: run_scheduler(p, report, control),
+            scheduler=True,
+            escapes_kill=plan.orphan,
+        )
 
 
 def _follower(ns, spec, model, installed) -> int:
@@ -280,13 +284,7 @@ def _follower(ns, spec, model, installed) -> int:
 
     signal.signal(signal.SIGQUIT, on_sigquit)
     try:
-        for plan in _plans(ns, spec, model, installed):
-            supervisor.spawn(
-                f"scheduler_{plan.index}",
-                lambda report, control, p=plan: run_scheduler(p, report, control),
-                scheduler=True,
-                escapes_kill=plan.orphan,
-            )
+        _spawn_schedulers(supervisor, _plans(ns, spec, model, installed))
         supervisor.wait_ready()
 
         def on_sigterm(signum, frame) -> None:

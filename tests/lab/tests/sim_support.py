@@ -200,6 +200,16 @@ class Sim:
                 continue
         return found
 
+    def children_gone(self, timeout: float = 5.0) -> bool:
+        """True once no process of this server but the main one is alive. SGLang's kill_process_tree sends SIGKILL
+        and does not wait, so a child can still be exiting (its cmdline already empty) when the main process ended."""
+        deadline = time.monotonic() + timeout
+        while self.children():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.02)
+        return True
+
     def kill(self) -> None:
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)

@@ -70,8 +70,10 @@ def test_rendezvous_forms_only_when_every_rank_joined_and_a_dead_peer_closes_eve
     links = {}
     joiner = threading.Thread(target=lambda: links.setdefault(0, rendezvous.join(_plan(port, 0), store)))
     joiner.start()
-    time.sleep(0.5)
-    assert joiner.is_alive() and not store.formed.is_set()  # rank 0 waits for rank 1
+    deadline = time.monotonic() + 5
+    while not store.links and time.monotonic() < deadline:  # rank 0 registered with its own store
+        time.sleep(0.01)
+    assert store.links and joiner.is_alive() and not store.formed.is_set()  # rank 0 waits for rank 1
     links[1] = rendezvous.join(_plan(port, 1))
     joiner.join(timeout=5)
     assert store.formed.is_set()

@@ -50,3 +50,34 @@ def test_the_readmes_table_names_real_variables_and_options():
             assert variable in defaults, f"{variable} (README table) is not a role variable"
     mapped = {option.partition(".")[0] for _variables, option in table}
     assert sorted(set(ARGS) - mapped) == [], "an input of restart.yml is missing from the README's table"
+
+
+def passed_straight(args: dict, spec: dict, prefix: str = ""):
+    """(option, spec entry, role variable) for each input that is one role variable as it is."""
+    for name, value in args.items():
+        entry = spec[name]
+        if isinstance(value, dict):
+            yield from passed_straight(value, entry["options"], f"{prefix}{name}.")
+            continue
+        found = re.fullmatch(r"\{\{ (sglang_service_\w+) \}\}", str(value).strip())
+        if found:
+            yield prefix + name, entry, found.group(1)
+
+
+# Where the role means to differ from the module: the role's unit has the ExecStartPost ready gate (so "active"
+# means ready), the module's default fits any unit.
+ROLE_DIFFERS = {"ready_when_active": ("sglang_service_ready_gate", True, False)}
+
+
+def test_a_role_default_that_feeds_an_option_agrees_with_the_modules_default():
+    defaults = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
+    compared, differ = [], {}
+    for option, entry, variable in passed_straight(ARGS, ARGUMENT_SPEC):
+        role_default = defaults[variable]
+        if "default" not in entry or (isinstance(role_default, str) and "{{" in role_default):
+            continue
+        compared.append(option)
+        if role_default != entry["default"]:
+            differ[option] = (variable, role_default, entry["default"])
+    assert len(compared) > 10, compared
+    assert differ == ROLE_DIFFERS, differ

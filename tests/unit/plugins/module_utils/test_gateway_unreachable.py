@@ -11,7 +11,7 @@ import time
 
 import pytest
 from fake_gateway import FakeGateway
-from restart_world import ADMIN_KEY, ME, MODEL, OTHERS, PARAMS, GatewayWorld, fleet, step_names, validated
+from restart_world import ADMIN_KEY, ME, OTHERS, PARAMS, GatewayWorld, fleet, step_names, validated
 
 from ansible_collections.llmops.inference.plugins.module_utils.gateway import (
     ChangeMode,
@@ -27,14 +27,6 @@ from ansible_collections.llmops.inference.plugins.module_utils.restart.options i
     ChainInputError,
     parse_chain_options,
 )
-
-
-@pytest.fixture
-def replicas():
-    gateways = [FakeGateway("smg", api_key=ADMIN_KEY, model=MODEL).start() for _replica in range(2)]
-    yield gateways
-    for gateway in gateways:
-        gateway.stop()
 
 
 def gateway_set(replicas, sleep=time.sleep) -> GatewaySet:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from fake_gateway import FakeGateway
 from restart_world import (
     ADMIN_KEY,
     ME,
@@ -30,14 +29,6 @@ from ansible_collections.llmops.inference.plugins.module_utils.restart.options i
     ChainInputError,
     parse_chain_options,
 )
-
-
-@pytest.fixture
-def replicas():
-    gateways = [FakeGateway("smg", api_key=ADMIN_KEY, model=MODEL).start() for _replica in range(2)]
-    yield gateways
-    for gateway in gateways:
-        gateway.stop()
 
 
 def test_the_worker_leaves_every_replica_before_the_stop_and_rejoins_each_after_the_gate(replicas):
