@@ -63,6 +63,17 @@ description:
   - C(snapshot) - on a pass, saves the known-good snapshot (O(known_good)).
   - On a failure, the result carries the failing step or tier, the probe's reason, the unit's state after
     (ActiveState, SubState, Result, NRestarts, and the start limit when it applies) and the journal's tail.
+  - A multi-node engine (SGLang's C(--nnodes)) restarts as one - every member in lockstep, which the caller runs
+    (the C(llmops.inference.sglang_service) role does) - through O(phase). V(stop) - C(lock), C(unit),
+    C(gateway_drain), C(stop), C(reset_failed), C(reap); the unit stays stopped. Rank 0 first - its drain ends the
+    ranks >= 1 with SGLang's C(ShutdownReq) - then the others. V(start) - C(daemon_reload), C(start) of a stopped unit
+    (a running one fails the step). V(gate) - C(gate) of that start (one attempt, no soak), C(gateway_add),
+    C(snapshot). V(all) - the whole chain on one host, as above.
+  - With O(node_rank) >= 1 the member runs no API - SGLang starts only its schedulers and a dummy health server
+    there - so its gate probes the C(unit), C(gpu) and C(health) tiers with the stability window, without the
+    generation, and its stop does not drain - SGLang's rank >= 1 only logs a SIGTERM and stops on rank 0's
+    C(ShutdownReq) - with O(phase=stop) the chain waits up to 30 s for it to end after rank 0's stop
+    (step C(follow_rank0)), then kills it with SIGKILL.
   - "Everything returned is redacted - O(api_key), O(redact) and the C(api_key='...'), C(--api-key X),
     C(api-key: X) and C(Authorization: Bearer X) forms - so a journal line of the engine's arguments cannot leak it."
 author:
@@ -283,6 +294,20 @@ options:
         fails before the gate (lock, stop, reap, start) always fails the task.
     type: bool
     default: true
+  phase:
+    description:
+      - Which part of the chain to run. V(all) - the whole chain on one host. V(stop), V(start), V(gate) - one step of
+        a group restart of a multi-node engine, run on every member of the group together (see the description).
+    type: str
+    choices: [all, stop, start, gate]
+    default: all
+  node_rank:
+    description:
+      - This host's rank in a multi-node engine (SGLang's C(--node-rank)); V(0) for rank 0 and for an engine on one
+        host. A rank >= 1 serves no API - its gate is the unit, its GPUs and its health server, its stop a kill - and
+        takes no O(gateways).
+    type: int
+    default: 0
 notes:
   - The role C(llmops.inference.sglang_service) templates a unit this chain restarts (with the C(ExecStop) drain and
     the readiness gate) and calls the chain from C(tasks_from=restart).
@@ -335,6 +360,14 @@ EXAMPLES = r"""
     drain_timeout: 120
   register: gate
 
+- name: One step of a group restart - the gate of rank 1 of a two-host engine, after every member was started
+  llmops.inference.sglang_restart:
+    unit: sglang-qwen.service
+    phase: gate
+    node_rank: 1
+    gpus: ["0", "1", "2", "3", "4", "5", "6", "7"]
+  register: rank_gate
+
 - name: Show what a restart would do
   llmops.inference.sglang_restart:
     unit: sglang-qwen.service
@@ -363,8 +396,8 @@ gate:
   contains:
     failed_step:
       description:
-        - The step that failed before or after the gate (C(lock), C(unit), C(gateway_drain), C(stop), C(reap),
-          C(start), C(gateway_add), C(snapshot)), or null.
+        - The step that failed before or after the gate (C(lock), C(unit), C(gateway_drain), C(follow_rank0),
+          C(stop), C(reap), C(start), C(gateway_add), C(snapshot)), or null.
       type: str
       sample: reap
     failed_tier:
@@ -503,6 +536,16 @@ gateway:
     left_out: []
     in_gateways: true
     detail: "http://10.0.0.5:30000 healthy on all 2 gateway(s): http://10.0.0.9:30080, http://10.0.0.10:30080"
+phase:
+  description: The O(phase) that ran.
+  returned: always
+  type: str
+  sample: all
+node_rank:
+  description: The O(node_rank) the chain ran as.
+  returned: always
+  type: int
+  sample: 0
 plan:
   description:
     - In check mode, what the chain would do (C(gateway), C(stop), C(reap), C(daemon_reload), C(start), C(gate),

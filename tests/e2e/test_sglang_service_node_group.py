@@ -3,19 +3,26 @@ from sglang_service_node_group, refuses a group that cannot work before anything
 simulated engine behaves as SGLang 0.5.23's multi-node launch: rank 0 serves only once rank 1 joined, rank 1 runs
 its schedulers and a dummy health server, no API.
 
-The play (playbooks/service_node_group.yml) runs the role's preflight and writes the unit from its templates; the
-ranks are started here, one after the other, since the restart chain restarts and gates each host on its own.
+The first test runs the role's preflight and writes the unit from its templates (playbooks/service_node_group.yml),
+then starts the ranks itself, one after the other. The others share one deploy of the whole role on three hosts - the
+group on the first two, a single-node engine on the third - and show the group restarting as one: a change on rank 1
+restarts both ranks and not the single engine, a member that cannot be reached refuses the group before any change,
+and rank 1 crashing during the restart fails the group naming it and leaves both ranks stopped, no GPU held.
 
-Run with LLMOPS_LAB_HOSTS=2 (the two first hosts of the lab are the group).
+Run with three lab hosts (the default LLMOPS_LAB_HOSTS).
 """
 
 from __future__ import annotations
 
+import json
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
+import yaml
 from gateway_lab import connect_hosts
-from labutil import PLAYBOOKS, SERVICE_LAB_VARS, sh, wait_healthy
+from labutil import PLAYBOOKS, SERVICE_LAB_VARS, gpu_claims, output, sh, unit_show, wait_healthy
 
 pytestmark = pytest.mark.lab
 
@@ -117,3 +124,113 @@ def test_a_two_host_engine_is_refused_whole_then_rendered_and_ranks_start_togeth
     assert titles(lab, rank1) == []
     shown = sh(lab, rank1, f"systemctl show -p Result -p ExecMainStatus {UNIT}").split()
     assert set(shown) == {"Result=success", "ExecMainStatus=0"}, shown
+
+
+# -- the group restarts as one -------------------------------------------------------------------------------
+
+KNOWN_GOOD = "/var/lib/llmops/known-good/sglang-mn/current/manifest.json"
+
+
+@dataclass
+class Deployed:
+    lab: object
+    rank0: str
+    rank1: str
+    single: str
+    workdir: Path
+
+    def apply(self, name: str, rank0=None, rank1=None, single=None) -> tuple:
+        """The role on the three hosts: the group's settings and each host's own (``rank0``, ...) as inventory host
+        variables (extra variables would reach every host), the shared lab settings as extra variables."""
+        group = {
+            "sglang_service_node_group": [self.rank0, self.rank1],
+            "sglang_service_tp_size": 4,
+            "sglang_service_gpus": [0, 1],
+            "sglang_service_dist_timeout": 60,
+        }
+        hosts = {
+            self.rank0: {**group, **(rank0 or {})},
+            self.rank1: {**group, **(rank1 or {})},
+            self.single: {"sglang_service_tp_size": 2, **(single or {})},
+        }
+        for host, values in hosts.items():
+            values["svc_test_result"] = str(self.workdir / f"{name}-{host}.json")
+        inventory = self.workdir / f"{name}.yml"
+        inventory.write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
+        shared = {key: value for key, value in SERVICE_LAB_VARS.items() if key != "sglang_service_tp_size"}
+        extra = {**shared, "sglang_service_name": "sglang-mn", "svc_test_host": ":".join(hosts)}
+        proc = self.lab.playbook(PLAYBOOKS / "service_role.yml", extra, inventories=(inventory,))
+        return proc, output(proc)
+
+    def result(self, name: str, host: str) -> dict:
+        return json.loads((self.workdir / f"{name}-{host}.json").read_text())
+
+    def pids(self) -> dict:
+        return {host: int(unit_show(self.lab, host, UNIT)["MainPID"]) for host in (self.rank0, self.rank1, self.single)}
+
+
+@pytest.fixture(scope="module")
+def deployed(lab, tmp_path_factory):
+    assert len(lab.hosts) >= 3, "run with three lab hosts"
+    lab.reset_used()
+    rank0, rank1, single = lab.hosts[:3]
+    connect_hosts(lab)
+    group = Deployed(lab, rank0, rank1, single, tmp_path_factory.mktemp("node_group"))
+    try:
+        proc, out = group.apply("first")
+        assert proc.returncode == 0, out
+        yield group
+    finally:
+        lab.reset()
+
+
+def test_a_change_on_rank_1_restarts_both_ranks_as_one_and_leaves_the_single_engine_alone(deployed):
+    lab, rank0, rank1, single = deployed.lab, deployed.rank0, deployed.rank1, deployed.single
+    # The first deploy brought all three to serving: the group's rank 0 generates, rank 1 answers its health check.
+    assert answers(lab, rank0, "/v1/models") == 200 and answers(lab, rank1, "/health") == 200
+    assert answers(lab, single, "/v1/models") == 200
+    before = deployed.pids()
+    verified = json.loads(sh(lab, rank0, f"cat {KNOWN_GOOD}"))["verified_at"]
+
+    proc, out = deployed.apply("change", rank1={"sglang_service_environment": {"LLMOPS_TEST_RELEASE": "2"}})
+    assert proc.returncode == 0, out
+    after = deployed.pids()
+    assert after[rank0] != before[rank0] and after[rank1] != before[rank1], (before, after)
+    assert after[single] == before[single]
+    gate0, gate1 = deployed.result("change", rank0), deployed.result("change", rank1)
+    assert (gate0["phase"], gate0["node_rank"], gate0["healthy"]) == ("gate", 0, True), gate0["msg"]
+    assert (gate1["phase"], gate1["node_rank"], gate1["healthy"]) == ("gate", 1, True), gate1["msg"]
+    assert [tier["name"] for tier in gate1["gate"]["tiers"] if tier["status"] == "ok"] == ["unit", "gpu", "health"]
+    assert "generate" in [tier["name"] for tier in gate0["gate"]["tiers"] if tier["status"] == "ok"]
+    # The group saved its snapshots once both passed: rank 1's new state, rank 0's unchanged one verified again.
+    assert json.loads(sh(lab, rank1, f"cat {KNOWN_GOOD}"))["main_pid"] == after[rank1]
+    assert json.loads(sh(lab, rank0, f"cat {KNOWN_GOOD}"))["verified_at"] != verified
+
+
+def test_a_member_that_cannot_be_reached_refuses_its_group_before_any_change(deployed):
+    lab, rank0, rank1 = deployed.lab, deployed.rank0, deployed.rank1
+    before = deployed.pids()
+    env_before = sh(lab, rank0, f"sha256sum {ENV_PATH}")
+    release = {"sglang_service_environment": {"LLMOPS_TEST_RELEASE": "3"}}
+    proc, out = deployed.apply("unreachable", rank0=release, rank1={**release, "ansible_port": 1})
+    assert proc.returncode != 0
+    assert "UNREACHABLE" in out, out
+    assert f"sglang_service_node_group names {rank1}, which is not in this play" in out, out
+    assert sh(lab, rank0, f"sha256sum {ENV_PATH}") == env_before
+    assert deployed.pids() == before
+
+
+def test_rank_1_crashing_in_the_restart_fails_the_group_naming_it_and_leaves_both_ranks_stopped(deployed):
+    lab, rank0, rank1, single = deployed.lab, deployed.rank0, deployed.rank1, deployed.single
+    single_pid = deployed.pids()[single]
+    crash = {"sglang_service_environment": {"SGLANG_SIM_FAULTS": "crash-on-load"}}
+    proc, out = deployed.apply("crash", rank1=crash)
+    assert proc.returncode != 0
+    assert f"rank 1 ({rank1}) failed its gate: unit tier" in out, out
+    assert "Every member of the group is stopped and reaped" in out, out
+    for host in (rank0, rank1):
+        shown = unit_show(lab, host, UNIT)
+        assert shown["ActiveState"] == "inactive" and shown["MainPID"] == "0", (host, shown)
+        assert titles(lab, host) == [], host
+        assert gpu_claims(lab, host) == {}, host
+    assert deployed.pids()[single] == single_pid

@@ -23,12 +23,18 @@
   generations. A gate that fails on the ``gpu`` tier (the model never loaded) is retried (stop, reap, start,
   gate) until the unit's start limit; the last attempt is left running.
 
+A multi-node engine restarts as one: each member's chain runs in ``phase`` steps that the caller runs on every
+member together - ``stop`` (lock, gateway drain, stop, reset-failed, reap), ``start`` (daemon-reload, start) and
+``gate`` (gate, gateway re-add, snapshot) - and a member of ``node_rank`` >= 1 is gated on what it serves: its unit,
+its GPUs and its health server (gate.py). ``all`` is the whole chain of one host.
+
 Every effect goes through injected runners (runners.py), so each step and failure is unit-tested without a host.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 from ansible_collections.llmops.inference.plugins.module_utils.gateway_drain import (
     DrainFailure,
@@ -39,7 +45,13 @@ from ansible_collections.llmops.inference.plugins.module_utils.known_good import
 from ansible_collections.llmops.inference.plugins.module_utils.reaper import ReapError, ReapInputError
 from ansible_collections.llmops.inference.plugins.module_utils.redact import Redactor
 from ansible_collections.llmops.inference.plugins.module_utils.restart.gate import Gate
-from ansible_collections.llmops.inference.plugins.module_utils.restart.options import ChainOptions
+from ansible_collections.llmops.inference.plugins.module_utils.restart.options import (
+    PHASE_ALL,
+    PHASE_START,
+    PHASE_STOP,
+    POLL_S,
+    ChainOptions,
+)
 from ansible_collections.llmops.inference.plugins.module_utils.restart.plan import check_mode_plan, stop_mode
 from ansible_collections.llmops.inference.plugins.module_utils.restart.result import (
     ChainFailure,
@@ -57,6 +69,11 @@ from ansible_collections.llmops.inference.plugins.module_utils.restart.runners i
 
 # Steps whose failure leaves nothing on the host worth explaining (the unit's state, the journal).
 UNEXPLAINED_STEPS = ("lock", "unit", "gateway_drain")
+# How long a rank >= 1 may take to end after rank 0's stop: rank 0's ShutdownReq broadcast stops its schedulers,
+# which SGLang's rank 0 waits for up to 15 s (the stop budget's scheduler exit); a SIGTERM of its own only logs.
+FOLLOWER_EXIT_S = 30.0
+# What tells one start from another; a gate run apart from its start knows no state before it.
+START_MARKS = ("InvocationID", "InactiveExitTimestampMonotonic")
 
 
 def gateway_drain(options: ChainOptions, runners: HostRunners) -> GatewayDrain | None:
@@ -92,7 +109,9 @@ class RestartChain:
         self.warnings = []
         self.drain = gateway_drain(options, self.host)
         self._left_gateways = False
-        self.result = ChainResult(unit=options.unit, journal_lines=options.journal_lines)
+        self.result = ChainResult(
+            unit=options.unit, journal_lines=options.journal_lines, phase=options.phase, node_rank=options.node_rank
+        )
 
     def run(self, check_mode: bool = False) -> dict:
         started = self.clock()
@@ -102,12 +121,15 @@ class RestartChain:
             token = self.lock.take(check_mode)
             self.result.lock = self.lock.record
             before = self._read_before(check_mode)
-            self._gateway_leave(check_mode)
+            phase = self.options.phase
+            if phase in (PHASE_ALL, PHASE_STOP):
+                self._gateway_leave(check_mode)
             if check_mode:
                 check_mode_plan(self.host, self.result, before, self.drain)
-                self.steps.note("stop", "planned", self.result.plan["stop"]["why"])
+                if "stop" in self.result.plan:
+                    self.steps.note("stop", "planned", self.result.plan["stop"]["why"])
             else:
-                self._attempts(before)
+                self._run_phase(phase, before)
         except ChainFailure as failure:
             self._fail_step(failure, explain=failure.step not in UNEXPLAINED_STEPS and not check_mode)
             if self._left_gateways:
@@ -180,6 +202,10 @@ class RestartChain:
                 break
             # The model never loaded: a fresh start may load it. Stop (the unit serves nothing), reap, start again.
             state = self.host.read_unit("gate")
+        self._conclude(gate, checked)
+
+    def _conclude(self, gate: dict, checked) -> None:
+        """After the last gate: back into the gateways and a snapshot on a pass; the explanation after a failure."""
         self.result.take_gate(gate, checked.final_state)
         try:
             self._gateway_rejoin(gate)
@@ -198,9 +224,12 @@ class RestartChain:
         holders = self._reap(attempt)
         self._daemon_reload(state, attempt)
         self._start(attempt)
+        return self._gate(state, attempt, soak=self.options.soak if holders else 0)
+
+    def _gate(self, state, attempt: int, soak: int) -> tuple:
         checked = Gate(self.host)
         with self.steps.run("gate", attempt) as step:
-            gate = checked.run(state, soak=self.options.soak if holders else 0)
+            gate = checked.run(state, soak=soak)
             step["status"] = "ok" if gate["healthy"] else "failed"
             step["detail"] = (
                 f"passed, holding a stability window of {self.options.stability_window:g} s"
@@ -214,6 +243,63 @@ class RestartChain:
         )
         return gate, checked
 
+    # -- the phases of a group restart ----------------------------------------------------------------
+
+    def _run_phase(self, phase: str, before) -> None:
+        if phase == PHASE_ALL:
+            self._attempts(before)
+        elif phase == PHASE_STOP:
+            self._stop_phase(before)
+        elif phase == PHASE_START:
+            self._start_phase(before)
+        else:
+            self._gate_phase(before)
+
+    def _stop_phase(self, before) -> None:
+        """Stop and reap; the unit stays stopped until the start phase."""
+        self.result.changed, self.result.healthy = True, None
+        state = before
+        if self.options.node_rank and stop_mode(state, self.host.engine_not_ready)[0] == "drain":
+            # Running, not looping: it ends on rank 0's ShutdownReq, which the stop of rank 0 just sent.
+            state = self._await_rank0_shutdown(state)
+        self._stop(state, 1)
+        self._reap(1)
+        self.result.unit_facts(self.host.read_unit("reap"))
+
+    def _await_rank0_shutdown(self, state):
+        """A rank >= 1 ends once rank 0's drain broadcast ShutdownReq; the unit's state when it did, or gave up."""
+        with self.steps.run("follow_rank0") as step:
+            deadline = self.clock() + FOLLOWER_EXIT_S
+            while state.is_running and self.clock() < deadline:
+                self.host.sleep(POLL_S)
+                state = self.host.read_unit("follow_rank0")
+            step["detail"] = (
+                f"ended after rank 0's stop ({state.active_state})"
+                if not state.is_running
+                else f"still {state.active_state} {FOLLOWER_EXIT_S:g} s after rank 0's stop"
+            )
+        return state
+
+    def _start_phase(self, before) -> None:
+        if before.is_running:
+            raise ChainFailure(
+                "start",
+                f"{before.name} is {before.active_state} ({before.sub_state}): the start phase starts a stopped unit "
+                "(run the stop phase first), or its gate would judge the engine that already ran",
+            )
+        self.result.changed, self.result.healthy = True, None
+        self._daemon_reload(before, 1)
+        self._start(1)
+        self.result.unit_facts(self.host.read_unit("start"))
+
+    def _gate_phase(self, before) -> None:
+        """The gate of a start made by an earlier phase (one attempt: a retry would restart the whole group)."""
+        # The gate of a restart: changed as the chain's whole run is, so that callers read it as one.
+        self.result.attempts, self.result.changed = 1, True
+        # Any start counts as the one to gate: it was queued before this phase read the unit.
+        earlier = replace(before, properties={k: v for k, v in before.properties.items() if k not in START_MARKS})
+        self._conclude(*self._gate(earlier, 1, soak=0))
+
     def _after_failed_gate(self, gate: dict) -> None:
         attempts = self.result.attempts
         if attempts > 1:
@@ -226,6 +312,14 @@ class RestartChain:
 
     def _stop(self, state, attempt: int) -> None:
         mode, why = stop_mode(state, self.host.engine_not_ready)
+        if mode == "drain" and self.options.node_rank:
+            # SGLang's rank >= 1 only logs a SIGTERM and waits for rank 0's ShutdownReq (engine.py
+            # `_launch_subprocesses`): an ExecStop drain would wait out its budget. It serves no request.
+            mode = "kill"
+            why = (
+                f"{state.active_state} ({state.sub_state}) on node_rank {self.options.node_rank}, which serves no "
+                "request and stops only on rank 0's ShutdownReq: killed with SIGKILL, not drained"
+            )
         self.result.stop_mode = mode
         unit = self.options.unit
         with self.steps.run("stop", attempt) as step:

@@ -23,6 +23,10 @@ from ansible_collections.llmops.inference.plugins.module_utils.unit_verdicts imp
 )
 
 GATE_TIERS = TIER_NAMES
+# A rank >= 1 of a multi-node engine serves no API: SGLang runs its schedulers and a dummy health server there
+# (srt/entrypoints/engine.py `_launch_subprocesses`, srt/utils/common.py `launch_dummy_health_check_server`), so its
+# gate is the unit, its GPUs holding the model, and /health; rank 0's gate proves that the engine generates.
+RANK_TIERS = ("unit", "gpu", "health")
 # How long systemd may take to begin the start job the chain queued (it is usually immediate).
 START_PICKUP_S = 30.0
 CLD_EXITED = "1"
@@ -189,7 +193,11 @@ class Gate:
         # Within the window the probe may try again (a tier that was not ready yet); after it, it decides.
         wait = max(0.0, window_end - self.clock())
         self.soak = soak
-        probe = self.runners.probe(probe_settings(self.options, wait_timeout=wait, soak=soak))
+        settings = probe_settings(self.options, wait_timeout=wait, soak=soak)
+        if self.options.node_rank:
+            settings["tiers"], self.soak = list(RANK_TIERS), None
+            settings.pop("soak_requests", None)
+        probe = self.runners.probe(settings)
         gate = {
             "healthy": bool(probe.get("healthy")),
             "failed_tier": probe.get("failed_tier"),

@@ -30,6 +30,12 @@ from ansible_collections.llmops.inference.plugins.module_utils.systemd import no
 
 # How often the chain reads the unit while it waits: one `systemctl show` (a few ms) per poll.
 POLL_S = 0.1
+# The steps of a group restart, in the order the members run them (``all``: the whole chain, one host on its own).
+PHASE_ALL = "all"
+PHASE_STOP = "stop"
+PHASE_START = "start"
+PHASE_GATE = "gate"
+PHASES = (PHASE_ALL, PHASE_STOP, PHASE_START, PHASE_GATE)
 
 ARGUMENT_SPEC = dict(
     server_argument_spec(),
@@ -82,6 +88,8 @@ ARGUMENT_SPEC = dict(
     drain_timeout=dict(type="float", default=120),
     redact=dict(type="list", elements="str", default=[], no_log=True),
     fail_on_unhealthy=dict(type="bool", default=True),
+    phase=dict(type="str", choices=list(PHASES), default=PHASE_ALL),
+    node_rank=dict(type="int", default=0),
 )
 
 
@@ -139,6 +147,8 @@ class ChainOptions:
     gateway: GatewayOptions
     journal_lines: int
     secrets: tuple
+    phase: str
+    node_rank: int
 
 
 def parse_chain_options(params: dict) -> ChainOptions:
@@ -168,9 +178,31 @@ def parse_chain_options(params: dict) -> ChainOptions:
         gateway=_gateway_options(params, url),
         journal_lines=_number(params, "journal_lines", 1),
         secrets=tuple(params["redact"] or ()),
+        phase=_phase(params["phase"]),
+        node_rank=_node_rank(params["node_rank"]),
     )
+    if options.node_rank and options.gateway.urls:
+        raise ChainInputError(
+            "gateways",
+            f"gateways must be empty on node_rank {options.node_rank}: a rank >= 1 of a multi-node engine serves no "
+            "API (only a health check); give the gateways to rank 0, which serves the engine",
+        )
     _check_probe(options)
     return options
+
+
+def _phase(phase) -> str:
+    if phase not in PHASES:
+        raise ChainInputError("phase", f"phase must be one of {', '.join(PHASES)}, got {phase!r}")
+    return phase
+
+
+def _node_rank(rank) -> int:
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+        raise ChainInputError(
+            "node_rank", f"node_rank must be an integer >= 0 (0: rank 0 or a single host), got {rank!r}"
+        )
+    return rank
 
 
 def _number(params: dict, option: str, minimum: float = 0.0, above: bool = False):

@@ -7,8 +7,13 @@ from __future__ import annotations
 
 from ansible_collections.llmops.inference.plugins.module_utils.gateway import UNREACHABLE_FAIL
 from ansible_collections.llmops.inference.plugins.module_utils.reaper import ReapError, ReapInputError
-from ansible_collections.llmops.inference.plugins.module_utils.restart.gate import GATE_TIERS
-from ansible_collections.llmops.inference.plugins.module_utils.restart.options import ChainOptions
+from ansible_collections.llmops.inference.plugins.module_utils.restart.gate import GATE_TIERS, RANK_TIERS
+from ansible_collections.llmops.inference.plugins.module_utils.restart.options import (
+    PHASE_GATE,
+    PHASE_START,
+    PHASE_STOP,
+    ChainOptions,
+)
 from ansible_collections.llmops.inference.plugins.module_utils.restart.result import ChainResult, holder
 from ansible_collections.llmops.inference.plugins.module_utils.restart.runners import HostRunners, reap_params
 from ansible_collections.llmops.inference.plugins.module_utils.systemd import RUNNING_STATES
@@ -38,12 +43,20 @@ def stop_mode(state, engine_ready=None) -> tuple:
 def check_mode_plan(runners: HostRunners, result: ChainResult, before, drain) -> dict:
     """What the chain would do, from what it reads: the stop, the reap, the start, the gate, the gateways."""
     options = runners.options
-    mode, why = stop_mode(before, runners.engine_not_ready)
-    plan = {"stop": {"mode": mode, "why": why}, "reap": _reap_plan(runners, result, before)}
-    plan["daemon_reload"] = before.properties.get("NeedDaemonReload") == "yes"
-    plan["start"] = f"systemctl start --no-block {options.unit}"
-    plan["gate"] = _gate_plan(options)
-    plan["snapshot"] = options.known_good.root
+    phase = options.phase
+    plan, mode = {}, None
+    if phase not in (PHASE_START, PHASE_GATE):
+        mode, why = stop_mode(before, runners.engine_not_ready)
+        if mode == "drain" and options.node_rank:
+            mode, why = "kill", f"{why}; node_rank {options.node_rank} serves no request: killed, not drained"
+        plan["stop"] = {"mode": mode, "why": why}
+        plan["reap"] = _reap_plan(runners, result, before)
+    if phase not in (PHASE_STOP, PHASE_GATE):
+        plan["daemon_reload"] = before.properties.get("NeedDaemonReload") == "yes"
+        plan["start"] = f"systemctl start --no-block {options.unit}"
+    if phase not in (PHASE_STOP, PHASE_START):
+        plan["gate"] = _gate_plan(options)
+        plan["snapshot"] = options.known_good.root
     if drain:
         plan["gateway"] = _gateway_plan(options, drain)
     result.plan, result.stop_mode, result.changed, result.healthy = plan, mode, True, None
@@ -72,9 +85,10 @@ def _reap_plan(runners: HostRunners, result: ChainResult, before) -> dict:
 
 
 def _gate_plan(options: ChainOptions) -> str:
+    tiers = RANK_TIERS if options.node_rank else GATE_TIERS
     return (
         f"wait up to {options.ready_timeout:g} s for the server to be ready, then probe "
-        f"{', '.join(GATE_TIERS)} with a stability window of {options.stability_window:g} s"
+        f"{', '.join(tiers)} with a stability window of {options.stability_window:g} s"
         + (f" and a soak of {options.soak} generations if the reap finds holders" if options.soak else "")
     )
 

@@ -143,6 +143,8 @@ class ChainResult:
     lock: dict = field(default_factory=dict)
     gateway: dict | None = None
     plan: dict | None = None
+    phase: str | None = None
+    node_rank: int | None = None
 
     def fail(self, failure: ChainFailure) -> None:
         self.healthy, self.failed_step, self.reason = False, failure.step, failure.reason
@@ -179,6 +181,8 @@ class ChainResult:
             "elapsed_s": elapsed_s,
             "steps": steps,
             "gateway": self.gateway,
+            "phase": self.phase,
+            "node_rank": self.node_rank,
         }
         if self.plan is not None:
             result["plan"] = self.plan
@@ -204,7 +208,12 @@ class ChainResult:
         if check_mode:
             if not self.plan:
                 return f"check mode: {self.unit} restart chain would stop at {self.failed_step}: {self.reason}"
+            if "stop" not in self.plan:
+                return f"check mode: would run the {self.phase} phase of {self.unit}: {', '.join(self.plan)}"
             return f"check mode: would restart {self.unit}: {self.plan['stop']['why']}; then reap, start and gate it"
+        if self.healthy is None and not self.failed_step:
+            done = {"stop": f"stopped ({self.stop_mode}) and reaped", "start": "start queued"}[self.phase]
+            return f"{self.unit} (node_rank {self.node_rank}) phase {self.phase}: {done} after {elapsed_s:.1f} s"
         if self.healthy:
             rejoined = " and is back in its gateway(s)" if (self.gateway or {}).get("in_gateways") else ""
             return f"{self.unit} passed its gate after {elapsed_s:.1f} s (MainPID {self.main_pid}){rejoined}"

@@ -270,6 +270,11 @@ def _serve(control_fd: int, obeys_shutdown: bool, group=None) -> int:
             while True:
                 signal.pause()
         if obeys_shutdown and b"shutdown" in data:
+            if link is not None and store is None:
+                # Only TP rank 0 reads ShutdownReq from the tokenizer manager; every other rank of the group gets it
+                # in rank 0's broadcast (request_receiver.py `_pull_raw_reqs`, `_broadcast_reqs_across_ranks`).
+                # Leaving at once would close its link first, and the others would read a dead peer.
+                continue
             if store is not None:
                 store.shutdown()
             return 0

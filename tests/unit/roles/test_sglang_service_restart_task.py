@@ -81,3 +81,12 @@ def test_a_role_default_that_feeds_an_option_agrees_with_the_modules_default():
             differ[option] = (variable, role_default, entry["default"])
     assert len(compared) > 10, compared
     assert differ == ROLE_DIFFERS, differ
+
+
+def test_a_node_group_member_restarts_its_group_after_the_chain_task_it_skips():
+    """A skipped task still registers its skip: were the chain's task (register: sglang_service_gate) after the
+    group restart, a member's sglang_service_gate would read "skipped" instead of its group's result."""
+    names = [next(iter(task)) if "name" not in task else task["name"] for task in TASKS]
+    group = next(i for i, task in enumerate(TASKS) if task.get("ansible.builtin.include_tasks") == "group_restart.yml")
+    assert group == len(TASKS) - 1, names
+    assert TASKS.index(CHAIN) < group
