@@ -41,9 +41,11 @@ TOKENS = 480
 ENGINE_ARGS = ["--sim-token-latency-ms", "50"]
 DRAIN_TIMEOUT = 60
 CLIENTS = 8
-# Without the gateway step the gateway keeps routing to the engine being stopped. A stop budget far shorter than a
-# request (drain 1 s + SGLang's 5 s drain check + scheduler exit 1 s, TimeoutStopSec 8 s, against 24 s requests)
-# cuts the requests in flight, and those routed to it after the SIGTERM, on every restart.
+# Without the gateway step the gateway keeps routing to the engine being stopped, and a stop budget far shorter than a
+# request (drain 1 s + SGLang's 5 s drain check + scheduler exit 1 s, TimeoutStopSec 8 s) cuts what is in flight.
+# The control sends one round of requests that outlast the whole deploy (200 s), so each is in flight on one of the
+# engines when that engine stops, whatever the moment: every restart cuts some, on every run.
+CONTROL_TOKENS = 4000
 SHORT_STOP = {
     "sglang_service_drain_timeout": 1,
     "sglang_service_scheduler_exit_sec": 1,
@@ -52,11 +54,13 @@ SHORT_STOP = {
 
 
 class Load:
-    """CLIENTS streaming clients (loadgen's own requests) through one gateway until finish() is called."""
+    """CLIENTS streaming clients (loadgen's own requests) through one gateway until finish() is called, or until each
+    sent ``rounds`` requests."""
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, tokens: int = TOKENS, rounds: int | None = None):
+        self.rounds = rounds
         self.settings = loadgen.LoadSettings(
-            url, concurrency=CLIENTS, duration=1800, max_new_tokens=TOKENS, api_key=KEY, timeout=180
+            url, concurrency=CLIENTS, duration=1800, max_new_tokens=tokens, api_key=KEY, timeout=tokens * 0.05 + 120
         )
         self.records = []
         self.lock = threading.Lock()
@@ -68,7 +72,9 @@ class Load:
             thread.start()
 
     def _client(self, index: int) -> None:
-        while not self.stop.is_set():
+        for _round in itertools.count() if self.rounds is None else range(self.rounds):
+            if self.stop.is_set():
+                return
             with self.lock:
                 number = next(self.numbers)
             record = loadgen.one_request(self.settings, number, index)
@@ -263,7 +269,7 @@ def test_a_rolling_deploy_and_a_rollback_under_load_lose_no_request(lab, topolog
 
 
 def test_without_the_gateway_step_the_same_load_loses_requests(lab, topology, tmp_path, capsys):
-    load = Load(topology["gateways"][0])
+    load = Load(topology["gateways"][0], tokens=CONTROL_TOKENS, rounds=1)
     started = time.monotonic()
     extra = {"sglang_service_environment": release(), "sglang_service_gateways": [], **SHORT_STOP}
     deployed, records = deploy(lab, tmp_path, topology, "deploy-no-gateway", extra)
