@@ -37,16 +37,27 @@ options:
 """
 
 EXAMPLES = r"""
+- name: Look up the engine's GPUs on this host
+  llmops.inference.sglang_info:
+    gpus:
+      devices: "{{ sglang_service_gpus }}"
+  register: gpu_check
+
 - name: CUDA_VISIBLE_DEVICES for the engine
   ansible.builtin.debug:
-    msg: "{{ sglang_service_gpus | llmops.inference.cuda_visible_devices(gpu_check.gpus.devices) }}"
+    msg: >-
+      CUDA_VISIBLE_DEVICES={{ sglang_service_gpus
+      | llmops.inference.cuda_visible_devices(gpu_check.gpus.devices) | join(',') }}
+  # With sglang_service_gpus ['GPU-3b1c0f1e-0000-4000-8000-000000000000', '3'], that UUID being the host's GPU 2:
+  # CUDA_VISIBLE_DEVICES=2,3
 """
 
 RETURN = r"""
 _value:
-  description: The entries, as strings.
+  description: The entries, as strings, in the list's order; join them with commas for C(CUDA_VISIBLE_DEVICES).
   type: list
   elements: str
+  sample: ["2", "3"]
 """
 
 

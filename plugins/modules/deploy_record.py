@@ -130,13 +130,25 @@ EXAMPLES = r"""
     way_back: deploy
   register: host_state
 
-- name: Record what the deploy step left
+- name: Read where a rollback to the previous snapshot takes the host, failing when it cannot be restored whole
   llmops.inference.deploy_record:
-    state: written
     name: sglang
     unit_path: /etc/systemd/system/sglang.service
     env_path: /etc/llmops/sglang.env
     known_good_root: /var/lib/llmops/known-good/sglang
+    snapshot: previous
+    require_snapshot: true
+    way_back: rollback
+  register: rollback_state
+
+- name: Record what the deploy step left, with the unit's name and paths from the roles' facts (tasks_from=facts)
+  llmops.inference.deploy_record:
+    state: written
+    name: "{{ sglang_service_facts.name }}"
+    unit_path: "{{ sglang_service_facts.unit_path }}"
+    env_path: "{{ sglang_service_facts.env_file }}"
+    known_good_root: "{{ sglang_service_facts.known_good_root }}"
+    backup_root: "{{ sglang_patch_facts.backup_root }}"
     fingerprint: "{{ inputs_digest }}"
     patch_state: "{{ sglang_patch_state_id }}"
     sglang_version: 0.5.23

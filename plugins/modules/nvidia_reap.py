@@ -25,7 +25,7 @@ description:
   - "Safety rules that always apply, each reported in RV(excluded) with its reason: PID 1, the module's own
     process and its ancestors, and kernel threads are never signalled; neither is a process that belongs
     to another running systemd unit, unless its PID is listed in O(pids)."
-  - Processes still alive after SIGKILL and O(timeout) (usually in uninterruptible sleep, state D) are
+  - Processes still alive O(kill_timeout) seconds after SIGKILL (usually in uninterruptible sleep, state D) are
     reported in RV(unkillable).
   - "B(Unreapable memory): a holder still alive O(kill_timeout) seconds after SIGKILL (usually state D, stuck in
     the driver), a zombie that holds memory, or memory that no live process holds (a PID the driver still lists
@@ -293,21 +293,24 @@ excluded:
   elements: dict
   contains:
     pid:
-      description: Process ID.
+      description: Process ID; for an explicit PID that does not exist, the one listed in O(pids).
       type: int
     reason:
       description: Why it was left alone.
       type: str
   sample: [{pid: 3120, reason: "belongs to active unit batch-train.service; list its PID in pids to reap it anyway"}]
 unkillable:
-  description: Reaped processes still alive after SIGKILL and O(timeout), usually in uninterruptible sleep (state D).
+  description:
+    - Reaped processes still alive O(kill_timeout) seconds after SIGKILL, usually in uninterruptible sleep (state D).
+    - Each is also listed in RV(unreapable), with its evidence and the memory it holds.
   returned: always
   type: list
   elements: dict
   contains:
     pid:
-      description: Process ID.
+      description: The survivor's process ID.
       type: int
+      sample: 41233
     title:
       description: The process title.
       type: str

@@ -165,6 +165,13 @@ seealso:
 """
 
 EXAMPLES = r"""
+- name: Prove that every sglang file matches the wheel
+  llmops.inference.source_patch:
+    python: /opt/sglang/venv/bin/python
+    state: verified
+  register: verified
+  failed_when: not verified.verify.pristine
+
 - name: Apply the example patch set (copied to the host beforehand)
   llmops.inference.source_patch:
     python: /opt/sglang/venv/bin/python
@@ -174,12 +181,14 @@ EXAMPLES = r"""
   register: patched
   notify: llmops_sglang_restart
 
-- name: Show what applying would change, without changing anything
+- name: Show what a whole-file replacement on top of the applied patch sets would change, without changing anything
   llmops.inference.source_patch:
     python: /opt/sglang/venv/bin/python
-    name: eagle_lab
-    patches:
-      - /tmp/sglang_patch/0001-register-llmops-demo.diff
+    name: spec_info_hotfix
+    exclusive: false
+    replacements:
+      - src: /tmp/sglang_patch/spec_info.py
+        dest: sglang/srt/speculative/spec_info.py
   check_mode: true
   diff: true
 
@@ -195,19 +204,12 @@ EXAMPLES = r"""
     state: restored
     target_state_id: "{{ known_good.patch_state_id }}"
 
-- name: Re-create the sources of the previous known-good snapshot, from whatever state they are in
+- name: Re-create the sources of the current known-good snapshot, from whatever state they are in
   llmops.inference.source_patch:
     python: /opt/sglang/venv/bin/python
     state: restored
-    known_good_root: /var/lib/llmops/known-good/sglang
-    known_good_snapshot: previous
-
-- name: Prove that every sglang file matches the wheel
-  llmops.inference.source_patch:
-    python: /opt/sglang/venv/bin/python
-    state: verified
-  register: verified
-  failed_when: not verified.verify.pristine
+    known_good_root: "{{ sglang_service_facts.known_good_root }}"
+    known_good_snapshot: current
 """
 
 RETURN = r"""
@@ -356,10 +358,11 @@ drift:
   type: list
   elements: str
 interrupted:
-  description: With O(state=verified), backups of interrupted runs not yet rolled back.
+  description: Backups of interrupted runs not yet rolled back; the next apply or restore rolls them back.
   returned: when O(state=verified)
   type: list
   elements: str
+  sample: [20261129T162130Z-eagle_lab]
 msg:
   description: What was done.
   returned: always
