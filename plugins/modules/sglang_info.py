@@ -29,6 +29,8 @@ description:
     out of range, given twice or missing, tp_size that differs or does not divide by the number of hosts, a GPU list
     that does not hold tp_size / nnodes GPUs, different models or rank-0 addresses - and when this host cannot resolve
     or reach the rank-0 address (a refused connection counts as reached - nothing listens before the engine starts).
+  - With O(nvcc_dirs), returns the first C(nvcc) found in them (RV(nvcc)), in the order given; finding none is not a
+    failure (only SGLang's JIT-compiled kernels need one, at their first use), the caller decides whether to warn.
 author:
   - llmops.inference contributors (@llmops)
 attributes:
@@ -40,8 +42,16 @@ extends_documentation_fragment:
 options:
   python:
     description:
-      - The absolute path of the interpreter that runs SGLang. One of O(python), O(gpus) and O(node_group) is required.
+      - The absolute path of the interpreter that runs SGLang. One of O(python), O(gpus), O(node_group) and
+        O(nvcc_dirs) is required.
     type: path
+  nvcc_dirs:
+    description:
+      - Directories to look for an executable C(nvcc) in, in the order the engine looks (SGLang 0.5.23's JIT kernels
+        take C(CUDA_HOME)'s, then one on C(PATH), then C(/usr/local/cuda)'s).
+    type: list
+    elements: path
+    default: []
   version:
     description: The sglang version that must be installed (exactly, as in its dist-info). Empty accepts any.
     type: str
@@ -243,6 +253,11 @@ node_group:
       description: Every member's rank, by name.
       type: dict
       sample: {gpu-a: 0, gpu-b: 1}
+nvcc:
+  description: The first executable C(nvcc) in O(nvcc_dirs); null when none holds one.
+  returned: when O(nvcc_dirs) is given
+  type: path
+  sample: /usr/local/cuda/bin/nvcc
 """
 
 import os  # noqa: E402 - Ansible modules import after their docs
@@ -267,6 +282,7 @@ ARGUMENT_SPEC = dict(
     min_python=dict(type="str", default="3.11"),
     require_script=dict(type="bool", default=False),
     label=dict(type="str", default="python"),
+    nvcc_dirs=dict(type="list", elements="path"),
     gpus=dict(
         type="dict",
         options=dict(
@@ -326,6 +342,15 @@ def inspect_install(params: dict, run_command) -> tuple:
     return facts, None
 
 
+def find_nvcc(directories: list) -> str | None:
+    """The first executable ``nvcc`` in ``directories``, in their order; None when none holds one."""
+    for directory in directories:
+        candidate = os.path.join(directory, "nvcc")
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
 def inspect_node_group(params: dict) -> tuple:
     """``(facts, problems)`` for the ``node_group`` options."""
     try:
@@ -340,7 +365,9 @@ def inspect_node_group(params: dict) -> tuple:
 
 def main():
     module = AnsibleModule(
-        argument_spec=ARGUMENT_SPEC, required_one_of=[("python", "gpus", "node_group")], supports_check_mode=True
+        argument_spec=ARGUMENT_SPEC,
+        required_one_of=[("python", "gpus", "node_group", "nvcc_dirs")],
+        supports_check_mode=True,
     )
     run_command = command_runner(module)
     facts, problems, said = {}, [], []
@@ -348,6 +375,8 @@ def main():
         facts, problem = inspect_install(module.params, run_command)
         problems.extend([problem] if problem else [])
         said.extend([] if problem else [f"sglang {facts['version']} on Python {facts['python_version']}"])
+    if module.params["nvcc_dirs"] is not None:
+        facts["nvcc"] = find_nvcc(module.params["nvcc_dirs"])
     if module.params["gpus"]:
         gpus, gpu_problems, warnings = inspect_gpu_list(module.params["gpus"], run_command)
         for warning in warnings:

@@ -8,6 +8,13 @@ import re
 import time
 from pathlib import Path
 
+import yaml
+
+# The probe gate's stability window in the lab's tests: a lab engine that is going to fail does so within a second
+# of its first /health 200, so 2 s refuses it as the role's 5 s default does on a real host. A test of that default
+# window passes role_default("sglang_service_probe_stability_window").
+LAB_GATE = {"sglang_service_probe_stability_window": 2}
+
 # The sglang_service role on a lab host: what differs from a real host is which module the unit launches, and
 # quicker timings.
 SERVICE_LAB_VARS = {
@@ -23,6 +30,7 @@ SERVICE_LAB_VARS = {
     "sglang_service_stop_margin_sec": 3,
     "sglang_service_gpu_free_wait_sec": 1,
     "sglang_service_probe_wait_timeout": 15,
+    **LAB_GATE,
 }
 
 # What a unit that runs the lab's engine needs in its environment: SGLang's JIT kernel build runs a bare `ninja`,
@@ -97,6 +105,14 @@ def read_ready_time(lab, host: str, out_path: str) -> float:
 
 REPO = Path(__file__).resolve().parents[2]
 PLAYBOOKS = REPO / "tests" / "e2e" / "playbooks"
+ROLE_DEFAULTS = REPO / "roles" / "sglang_service" / "defaults" / "main.yml"
+
+
+def role_default(name: str):
+    """The sglang_service role's default for the variable ``name``."""
+    return yaml.safe_load(ROLE_DEFAULTS.read_text())[name]
+
+
 RECAP = re.compile(r"^(\S+)\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.MULTILINE)
 VENV_SITE = "/opt/sglang/venv/lib/python3.11/site-packages"
 
@@ -233,7 +249,8 @@ def run_playbook(lab, playbook, tmp_path, name, extra=None, inventories=()):
     rollback = playbook == ROLLBACK
     knob = "rollback_summary_path" if rollback else "deploy_summary_path"
     hosts = {"rollback_hosts" if rollback else "deploy_hosts": ",".join(lab.hosts)}
-    proc = lab.playbook(playbook, {knob: str(summary), **hosts, **(extra or {})}, inventories=(LAB_LAYER, *inventories))
+    variables = {knob: str(summary), **hosts, **LAB_GATE, **(extra or {})}
+    proc = lab.playbook(playbook, variables, inventories=(LAB_LAYER, *inventories))
     records = {}
     if summary.exists():
         records = {row["host"]: row for row in json.loads(summary.read_text())["hosts"]}

@@ -14,7 +14,6 @@ import shlex
 from pathlib import Path
 
 import pytest
-import yaml
 from benchdata import (
     BENCH_DIR,
     OPERATOR_UNIT,
@@ -36,7 +35,7 @@ from benchdata import (
     push_operator_scripts,
     timed_playbook,
 )
-from labutil import SERVICE_PATH, install_unit, sh, wait_ready
+from labutil import SERVICE_PATH, install_unit, role_default, sh, wait_ready
 
 pytestmark = pytest.mark.bench
 
@@ -52,7 +51,6 @@ HANG_FAULT = os.environ.get("LLMOPS_BENCH_HANG_FAULT", "generate-hang")
 # engine that exits right after it became ready). The "same_gate" side restarts this commit's chain with the
 # baseline's window, on the collection's hosts, so that the two commits are also compared doing the same work.
 BASELINE_GATE = {"sglang_service_probe_stability_window": 0}
-ROLE_DEFAULTS = Path(__file__).resolve().parents[2] / "roles" / "sglang_service" / "defaults" / "main.yml"
 
 
 @pytest.fixture
@@ -93,7 +91,7 @@ def test_bench_restart_chain_against_systemctl_restart_and_a_health_loop(restart
             "inventory": "tests/lab/inventory (the baseline side: that commit's own tests/lab/inventory)",
             "operator_script": "tests/bench/operator/restart.sh",
             "same_gate": BASELINE_GATE,
-            "stability_window_s": yaml.safe_load(ROLE_DEFAULTS.read_text())["sglang_service_probe_stability_window"],
+            "stability_window_s": role_default("sglang_service_probe_stability_window"),
         },
     )
     baseline_inventory = tree / "tests" / "lab" / "inventory"

@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 from benchdata import (
     BENCH_DIR,
     LAB_INVENTORY,
@@ -34,7 +33,7 @@ from benchdata import (
     push_operator_scripts,
     timed_playbook,
 )
-from labutil import sh
+from labutil import role_default, sh
 
 pytestmark = pytest.mark.bench
 
@@ -47,7 +46,6 @@ BENCH = {"num_prompts": 4, "max_new_tokens": 32}
 SIZING = {"sweep_repeats": 1, "sweep_warmup_requests": 1}
 # The playbook's default: a point's gate holds no stability window; the final restore holds the role's.
 POINT_WINDOW_S = 0
-ROLE_DEFAULTS = REPO / "roles" / "sglang_service" / "defaults" / "main.yml"
 ROLE_VARS = {
     "sglang_service_model_path": "Qwen/Qwen3-8B",
     "sglang_service_tp_size": 1,
@@ -232,7 +230,7 @@ def test_bench_sweep_against_a_bench_speculative_loop_and_three_hosts(four_hosts
             "operator_script": "tests/bench/operator/spec_loop.sh with tests/bench/operator/plain_bench.py",
             "stability_window_s": {
                 "points": POINT_WINDOW_S,
-                "final_restore": yaml.safe_load(ROLE_DEFAULTS.read_text())["sglang_service_probe_stability_window"],
+                "final_restore": role_default("sglang_service_probe_stability_window"),
             },
             "role_preflight": "with each host's first point",
         },

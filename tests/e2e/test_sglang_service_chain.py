@@ -13,6 +13,7 @@ from labutil import (
     fingerprint,
     install_test_engine,
     lock_held,
+    role_default,
     run_play,
     sh,
     unit_show,
@@ -46,6 +47,8 @@ def test_an_engine_that_exits_0_right_after_it_became_ready_fails_the_gate_and_g
         {
             "sglang_service_launch_module": "llmops_test_engine",
             "sglang_service_environment": {"LLMOPS_TEST_EXIT_AFTER_READY": "3"},
+            # The role's own window (5 s) refuses an engine that exits 3 s after it became ready.
+            "sglang_service_probe_stability_window": role_default("sglang_service_probe_stability_window"),
         },
     )
     assert not run.ok

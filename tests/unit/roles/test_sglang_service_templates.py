@@ -165,13 +165,15 @@ def test_the_cuda_toolkit_is_exported_with_its_bin_on_path(render):
     )
 
 
-@pytest.mark.parametrize(("found", "home"), [(True, "/usr/local/cuda"), (False, None)])
-def test_the_cuda_toolkit_defaults_to_usr_local_cuda_where_it_holds_nvcc(render, found, home):
-    nvcc = {"results": [{"item": "/usr/local/cuda/bin", "stat": {"exists": found}}]}
-    unit = render("sglang.service.j2", __sglang_service_nvcc=nvcc)
+@pytest.mark.parametrize(
+    ("nvcc", "home"),
+    [("/usr/local/cuda/bin/nvcc", "/usr/local/cuda"), ("/usr/bin/nvcc", None), (None, None)],
+)
+def test_the_cuda_toolkit_defaults_to_usr_local_cuda_where_it_holds_nvcc(render, nvcc, home):
+    unit = render("sglang.service.j2", __sglang_service_install={"nvcc": nvcc})
     homes = [entry for entry in unit.splitlines() if entry.startswith('Environment="CUDA_HOME')]
     assert homes == ([f'Environment="CUDA_HOME={home}"'] if home else [])
-    assert ("/usr/local/cuda/bin:" in line(unit, 'Environment="PATH')) is found
+    assert ("/usr/local/cuda/bin:" in line(unit, 'Environment="PATH')) is (home is not None)
 
 
 def test_the_api_key_goes_to_the_config_file_never_to_the_unit(render):

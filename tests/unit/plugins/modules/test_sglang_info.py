@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "module_utils")
 
 from sglang_fixture import SYNTHETIC_FILES, FakeVenv, run_command
 
-from ansible_collections.llmops.inference.plugins.modules.sglang_info import inspect_install
+from ansible_collections.llmops.inference.plugins.modules.sglang_info import find_nvcc, inspect_install
 
 RUNNING = "{}.{}".format(*sys.version_info[:2])
 
@@ -141,7 +141,7 @@ def test_the_gpus_mode_fails_with_every_problem(capsys, monkeypatch, target_side
     assert result["failed"] is True and result["msg"] == "\n".join(problems)
 
 
-def test_python_or_gpus_is_required(capsys, target_side_ansible):
+def test_one_mode_is_required(capsys, target_side_ansible):
     from ansible.module_utils.testing import patch_module_args
 
     from ansible_collections.llmops.inference.plugins.modules import sglang_info
@@ -149,7 +149,42 @@ def test_python_or_gpus_is_required(capsys, target_side_ansible):
     with patch_module_args({}), pytest.raises(SystemExit):
         sglang_info.main()
     result = json.loads(capsys.readouterr().out)
-    assert result["failed"] is True and "one of the following is required: python, gpus" in result["msg"]
+    assert (
+        result["failed"] is True
+        and "one of the following is required: python, gpus, node_group, nvcc_dirs" in result["msg"]
+    )
+
+
+def make_nvcc(directory, executable=True):
+    directory.mkdir(parents=True, exist_ok=True)
+    nvcc = directory / "nvcc"
+    nvcc.write_text("#!/bin/sh\n")
+    nvcc.chmod(0o755 if executable else 0o644)
+    return str(nvcc)
+
+
+def test_nvcc_is_the_first_executable_one_in_the_order_given(tmp_path):
+    make_nvcc(tmp_path / "venv-bin", executable=False)
+    later = make_nvcc(tmp_path / "usr-bin")
+    first = make_nvcc(tmp_path / "cuda-bin")
+    dirs = [str(tmp_path / name) for name in ("missing", "venv-bin", "cuda-bin", "usr-bin")]
+    assert find_nvcc(dirs) == first
+    assert find_nvcc(dirs[:2] + dirs[3:]) == later
+    assert find_nvcc(dirs[:2]) is None
+
+
+def test_the_module_returns_nvcc_or_null_without_failing(tmp_path, capsys, target_side_ansible):
+    from ansible.module_utils.testing import patch_module_args
+
+    from ansible_collections.llmops.inference.plugins.modules import sglang_info
+
+    found = make_nvcc(tmp_path / "cuda" / "bin")
+    for dirs, expected in (([str(tmp_path / "none"), str(tmp_path / "cuda" / "bin")], found), ([str(tmp_path)], None)):
+        with patch_module_args({"nvcc_dirs": dirs}), pytest.raises(SystemExit):
+            sglang_info.main()
+        result = json.loads(capsys.readouterr().out)
+        assert result.get("failed") is not True and result["changed"] is False
+        assert result["nvcc"] == expected
 
 
 def run_node_group_mode(capsys, monkeypatch, args, reach=None) -> dict:
