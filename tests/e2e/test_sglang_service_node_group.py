@@ -22,7 +22,18 @@ from pathlib import Path
 import pytest
 import yaml
 from gateway_lab import connect_hosts
-from labutil import PLAYBOOKS, SERVICE_LAB_VARS, gpu_claims, output, sh, unit_show, wait_healthy
+from labutil import (
+    DEPLOY,
+    PLAYBOOKS,
+    SERVICE_LAB_VARS,
+    gpu_claims,
+    outcomes,
+    output,
+    run_playbook,
+    sh,
+    unit_show,
+    wait_healthy,
+)
 
 pytestmark = pytest.mark.lab
 
@@ -142,6 +153,17 @@ class Deployed:
     def apply(self, name: str, rank0=None, rank1=None, single=None) -> tuple:
         """The role on the three hosts: the group's settings and each host's own (``rank0``, ...) as inventory host
         variables (extra variables would reach every host), the shared lab settings as extra variables."""
+        inventory, extra = self._layer(name, rank0, rank1, single)
+        proc = self.lab.playbook(PLAYBOOKS / "service_role.yml", extra, inventories=(inventory,))
+        return proc, output(proc)
+
+    def deploy(self, name: str, rank0=None, rank1=None, single=None) -> tuple:
+        """playbooks/deploy.yml on the three hosts, one host per batch, with the same variables as ``apply``."""
+        inventory, extra = self._layer(name, rank0, rank1, single)
+        extra = {key: value for key, value in extra.items() if key != "svc_test_host"} | {"deploy_batch": 1}
+        return run_playbook(self.lab, DEPLOY, self.workdir, name, extra, inventories=(inventory,))
+
+    def _layer(self, name: str, rank0=None, rank1=None, single=None) -> tuple:
         group = {
             "sglang_service_node_group": [self.rank0, self.rank1],
             "sglang_service_tp_size": 4,
@@ -158,9 +180,7 @@ class Deployed:
         inventory = self.workdir / f"{name}.yml"
         inventory.write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
         shared = {key: value for key, value in SERVICE_LAB_VARS.items() if key != "sglang_service_tp_size"}
-        extra = {**shared, "sglang_service_name": "sglang-mn", "svc_test_host": ":".join(hosts)}
-        proc = self.lab.playbook(PLAYBOOKS / "service_role.yml", extra, inventories=(inventory,))
-        return proc, output(proc)
+        return inventory, {**shared, "sglang_service_name": "sglang-mn", "svc_test_host": ":".join(hosts)}
 
     def result(self, name: str, host: str) -> dict:
         return json.loads((self.workdir / f"{name}-{host}.json").read_text())
@@ -234,3 +254,25 @@ def test_rank_1_crashing_in_the_restart_fails_the_group_naming_it_and_leaves_bot
         assert titles(lab, host) == [], host
         assert gpu_claims(lab, host) == {}, host
     assert deployed.pids()[single] == single_pid
+
+
+def test_deploy_in_batches_of_one_keeps_the_group_in_one_batch_and_brings_every_engine_to_serving(deployed):
+    """After the crash above left both ranks stopped: deploy.yml, one host per batch, deploys the two ranks together
+    (split across batches, the group's restart would refuse to run without its other member) and brings all three
+    engines to serving; then a change on rank 1 alone deploys both ranks, rank 0 too though it is up to date, and
+    leaves the single engine, up to date, as it is."""
+    lab, rank0, rank1, single = deployed.lab, deployed.rank0, deployed.rank1, deployed.single
+    proc, records = deployed.deploy("deploy")
+    assert proc.returncode == 0, output(proc)
+    # Every host changes: the fleet's layer (tests/lab/inventory) gives the engines an environment of its own.
+    assert outcomes(records) == {rank0: "deployed", rank1: "deployed", single: "deployed"}, output(proc)
+    assert answers(lab, rank0, "/v1/models") == 200 and answers(lab, rank1, "/health") == 200
+    assert answers(lab, single, "/v1/models") == 200
+    before = deployed.pids()
+
+    proc, records = deployed.deploy("deploy-rank1", rank1={"sglang_service_environment": {"LLMOPS_TEST_RELEASE": "4"}})
+    assert proc.returncode == 0, output(proc)
+    assert outcomes(records) == {rank0: "deployed", rank1: "deployed", single: "unchanged"}, output(proc)
+    after = deployed.pids()
+    assert after[rank0] != before[rank0] and after[rank1] != before[rank1], (before, after)
+    assert after[single] == before[single]

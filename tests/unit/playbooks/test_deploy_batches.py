@@ -1,5 +1,6 @@
 """The rolling deploy's batches (playbooks/deploy.yml): in the order of deploy_hosts, as its preflight play ran them,
-whatever order group_by filled the rollout group in (the order the hosts' results came back)."""
+whatever order group_by filled the rollout group in (the order the hosts' results came back), and the hosts of a
+multi-node engine always in one batch."""
 
 from __future__ import annotations
 
@@ -14,25 +15,29 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[3]
 DEPLOY = REPO / "playbooks" / "deploy.yml"
+COLLECTIONS = str(REPO / "build" / "collections")  # make collection-link
 HOSTS = ["h1", "h2", "h3", "h4", "h5"]
 PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
 PREFLIGHT = "Deploy - preflight every host (nothing changes)"
 BATCHES = "Deploy - one batch at a time"
 
 
-def deploy_play(name: str, label: str) -> dict:
-    """A play of deploy.yml with its host selection, batching and knobs, and a task that reports its batch under
-    `label`."""
+PLAN = "Plan the batches"
+
+
+def deploy_play(name: str, label: str, tasks: tuple = ()) -> dict:
+    """A play of deploy.yml with its host selection, batching and knobs, its ``tasks`` named, and a task that reports
+    its batch under `label`."""
     play = next(play for play in yaml.safe_load(DEPLOY.read_text()) if play["name"] == name)
     kept = {key: play[key] for key in ("name", "hosts", "gather_facts", "serial", "vars") if key in play}
     batch = "{{ ansible_play_batch | join(',') }}"
     report = {"ansible.builtin.debug": {"msg": f"BATCH {label} {batch}"}, "run_once": True}
-    return {**kept, "tasks": [report]}
+    return {**kept, "tasks": [task for task in play["tasks"] if task["name"] in tasks] + [report]}
 
 
-def run(tmp_path: Path, arrival: list[str], **knobs: str) -> dict:
-    """The preflight play's and the batch play's batches (and the output) when the rollout group was filled in
-    `arrival` order."""
+def run(tmp_path: Path, arrival: list[str], node_groups: dict | None = None, **knobs: str) -> dict:
+    """The preflight play's and the batch play's batches (and the output) when the hosts of `arrival` are not up
+    to date and the rollout group was filled in that order; `node_groups` gives hosts sglang_service_node_group."""
     fill = {
         "name": "Fill the rollout group as group_by would when results come back in this order",
         "hosts": "localhost",
@@ -44,17 +49,22 @@ def run(tmp_path: Path, arrival: list[str], **knobs: str) -> dict:
             }
         ],
     }
+    preflight = deploy_play(PREFLIGHT, "preflight", (PLAN,))
+    state = {"__fleet_before": {"up_to_date": "{{ inventory_hostname not in " + repr(arrival) + " }}"}}
+    preflight["tasks"].insert(0, {"name": "Record the state", "ansible.builtin.set_fact": state})
     playbook = tmp_path / "batches.yml"
-    plays = [deploy_play(PREFLIGHT, "preflight"), fill, deploy_play(BATCHES, "batch")]
+    plays = [preflight, fill, deploy_play(BATCHES, "batch")]
     playbook.write_text(yaml.safe_dump(plays, sort_keys=False))
-    inventory = tmp_path / "inventory.ini"
-    inventory.write_text("[sglang_fleet]\n" + "".join(f"{host} ansible_connection=local\n" for host in HOSTS))
+    inventory = tmp_path / "inventory.yml"
+    hosts = {host: {"ansible_connection": "local", "sglang_service_node_group": (node_groups or {}).get(host, [])}
+             for host in HOSTS}  # fmt: skip
+    inventory.write_text(yaml.safe_dump({"sglang_fleet": {"hosts": hosts}}))
     extra = [arg for name, value in knobs.items() for arg in ("-e", f"{name}={value}")]
     proc = subprocess.run(
         [str(PLAYBOOK), "-i", str(inventory), str(playbook), *extra],
         capture_output=True,
         text=True,
-        env={**os.environ, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0"},
+        env={**os.environ, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0", "ANSIBLE_COLLECTIONS_PATH": COLLECTIONS},
         check=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -86,3 +96,13 @@ def test_no_batch_runs_and_nothing_warns_when_every_host_is_up_to_date(tmp_path)
     result = run(tmp_path, [], deploy_batch="2")
     assert result["batch"] == []
     assert "Could not match" not in result["output"] and "WARNING" not in result["output"], result["output"]
+
+
+def test_the_hosts_of_a_multi_node_engine_are_one_batch_and_deploy_together(tmp_path):
+    # h2 and h4 are the ranks of one engine; only h4 is not up to date, and both are deployed, in one batch.
+    engine = ["h2", "h4"]
+    groups = {"h2": engine, "h4": engine}
+    result = run(tmp_path, ["h4", "h5"], groups, deploy_batch="1")
+    assert result["batch"] == [["h2", "h4"], ["h5"]]
+    result = run(tmp_path, ["h1", "h2", "h3", "h4", "h5"], groups, deploy_batch="2")
+    assert result["batch"] == [["h1"], ["h2", "h4"], ["h3", "h5"]]
