@@ -25,6 +25,7 @@ from gateway_lab import connect_hosts
 from labutil import (
     DEPLOY,
     PLAYBOOKS,
+    ROLLBACK,
     SERVICE_LAB_VARS,
     gpu_claims,
     outcomes,
@@ -163,6 +164,12 @@ class Deployed:
         extra = {key: value for key, value in extra.items() if key != "svc_test_host"} | {"deploy_batch": 1}
         return run_playbook(self.lab, DEPLOY, self.workdir, name, extra, inventories=(inventory,))
 
+    def rollback(self, name: str) -> tuple:
+        """playbooks/rollback.yml to the previous known-good snapshot on the three hosts, one host per batch."""
+        inventory, extra = self._layer(name)
+        extra = {key: value for key, value in extra.items() if key != "svc_test_host"} | {"rollback_batch": 1}
+        return run_playbook(self.lab, ROLLBACK, self.workdir, name, extra, inventories=(inventory,))
+
     def _layer(self, name: str, rank0=None, rank1=None, single=None) -> tuple:
         group = {
             "sglang_service_node_group": [self.rank0, self.rank1],
@@ -276,3 +283,18 @@ def test_deploy_in_batches_of_one_keeps_the_group_in_one_batch_and_brings_every_
     after = deployed.pids()
     assert after[rank0] != before[rank0] and after[rank1] != before[rank1], (before, after)
     assert after[single] == before[single]
+
+
+def test_a_rollback_returns_the_ranks_together_and_the_engine_serves(deployed):
+    """rollback.yml, one host per batch, returns both ranks to their previous known-good state in one batch and
+    restarts them as one engine (a rank restarted alone would never come up)."""
+    lab, rank0, rank1 = deployed.lab, deployed.rank0, deployed.rank1
+    before = deployed.pids()
+    assert 'LLMOPS_TEST_RELEASE="4"' in sh(lab, rank1, f"cat {ENV_PATH}")
+    proc, records = deployed.rollback("rollback")
+    assert proc.returncode == 0, output(proc)
+    assert {host: outcomes(records)[host] for host in (rank0, rank1)} == {rank0: "returned", rank1: "returned"}
+    after = deployed.pids()
+    assert after[rank0] != before[rank0] and after[rank1] != before[rank1], (before, after)
+    assert 'LLMOPS_TEST_RELEASE="4"' not in sh(lab, rank1, f"cat {ENV_PATH}")
+    assert answers(lab, rank0, "/v1/models") == 200 and answers(lab, rank1, "/health") == 200
