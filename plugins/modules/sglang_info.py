@@ -51,7 +51,6 @@ options:
         take C(CUDA_HOME)'s, then one on C(PATH), then C(/usr/local/cuda)'s).
     type: list
     elements: path
-    default: []
   version:
     description: The sglang version that must be installed (exactly, as in its dist-info). Empty accepts any.
     type: str
@@ -256,7 +255,7 @@ node_group:
 nvcc:
   description: The first executable C(nvcc) in O(nvcc_dirs); null when none holds one.
   returned: when O(nvcc_dirs) is given
-  type: path
+  type: str
   sample: /usr/local/cuda/bin/nvcc
 """
 

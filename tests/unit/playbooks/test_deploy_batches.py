@@ -50,7 +50,11 @@ def run(tmp_path: Path, arrival: list[str], node_groups: dict | None = None, **k
         ],
     }
     preflight = deploy_play(PREFLIGHT, "preflight", (PLAN,))
-    state = {"__fleet_before": {"up_to_date": "{{ inventory_hostname not in " + repr(arrival) + " }}"}}
+    state = {
+        "__fleet_before": {"up_to_date": "{{ inventory_hostname not in " + repr(arrival) + " }}"},
+        # What the role's facts entry point gives (tasks/host_facts.yml runs it in the real preflight).
+        "sglang_service_facts": {"node_group": "{{ sglang_service_node_group }}"},
+    }
     preflight["tasks"].insert(0, {"name": "Record the state", "ansible.builtin.set_fact": state})
     playbook = tmp_path / "batches.yml"
     plays = [preflight, fill, deploy_play(BATCHES, "batch")]
