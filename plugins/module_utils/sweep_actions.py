@@ -103,11 +103,12 @@ def _check_scoring(mad_penalty, tolerance) -> None:
 
 
 def gpus_per_engine(profiles: dict) -> int:
-    """GPUs one engine uses, from the (alike) hosts' profiles: their GPU list, else the TP size."""
+    """GPUs one engine uses, from the (alike) hosts' profiles: their GPU list times the engine's hosts
+    (``nnodes``), else the TP size."""
     for profile in (profiles or {}).values():
-        if profile.get("gpus"):
-            return len(profile["gpus"])
         try:
+            if profile.get("gpus"):
+                return len(profile["gpus"]) * max(1, int(profile.get("nnodes") or 1))
             return max(1, int(profile.get("tp_size") or 1))
         except (TypeError, ValueError):
             return 1
@@ -141,7 +142,8 @@ def plan_sweep(params: dict, run: dict, now: float, write: bool = True) -> dict:
     hosts = list(params.get("hosts") or [])
     if len(set(hosts)) != len(hosts):
         raise SweepInputError("sweep_hosts", f"lists a host more than once: {hosts}")
-    assign([], hosts)  # no hosts is an error
+    node_groups = params.get("node_groups") or {}
+    assign([], hosts, node_groups)  # no hosts, or a multi-node engine swept in part, is an error
     profiles = params.get("host_profiles") or {}
     check_alike(profiles)
     check_host_args(points, params.get("host_args") or {})
@@ -179,7 +181,7 @@ def plan_sweep(params: dict, run: dict, now: float, write: bool = True) -> dict:
         if len(missing) < len(sizes):
             partial[point.id] = sorted(done[point.id])
         pending.append(dict(point.as_dict(), levels=missing))
-    plan = assign(pending, hosts)
+    plan = assign(pending, hosts, node_groups)
     return {
         "run_id": run["run_id"],
         "started_at": now,

@@ -2,7 +2,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Plan a speculative-decoding sweep: expand and validate the points and load levels, size each level's
-benchmark and its time budget, and spread the points over the hosts.
+benchmark and its time budget, and spread the points over the engines (a host, or a multi-node engine's hosts).
 
 Private to the llmops.inference collection; not a public API. Pure functions, standard library only.
 Every error is a SweepInputError naming the playbook variable (``sweep_*``) and what is accepted, so
@@ -38,6 +38,8 @@ from __future__ import annotations
 
 import itertools
 import math
+
+from ansible_collections.llmops.inference.plugins.module_utils.rollout import engines
 
 FIXED_SHAPE_ALGORITHMS = ("NGRAM", "DFLASH", "DSPARK")
 POINT_KEYS = ("steps", "topk", "draft_tokens")
@@ -419,14 +421,26 @@ def check_counts(**values) -> None:
             raise SweepInputError(variable, f"must be an integer >= {minimum}, got {value!r}")
 
 
-def assign(points: list, hosts: list) -> dict:
-    """Point i of ``points`` to host i mod N, in order: {host: [point, ...]} for every host (maybe empty)."""
+def assign(points: list, hosts: list, node_groups: dict | None = None) -> dict:
+    """Point i of ``points`` to engine i mod N, in order: {host: [point, ...]} for every host (maybe empty).
+
+    An engine is one host, or the hosts of a multi-node engine (``node_groups``: host -> its group's members), which
+    restarts as one: each of its hosts gets the engine's points. A group swept only in part is an error."""
     if not hosts:
         raise SweepInputError("sweep_hosts", "matches no hosts; name an inventory group or pattern with hosts")
-    plan = {host: [] for host in hosts}
+    units = engines(hosts, node_groups or {})
+    for unit in units:
+        missing = [member for member in (node_groups or {}).get(unit[0]) or [] if member not in unit]
+        if missing:
+            raise SweepInputError(
+                "sweep_hosts",
+                f"holds {', '.join(unit)} but not {', '.join(missing)} of the multi-node engine "
+                f"{', '.join(node_groups[unit[0]])}: a point restarts the whole engine, so sweep all its hosts or none",
+            )
+    shares = [[] for _unit in units]
     for index, point in enumerate(points):
-        plan[hosts[index % len(hosts)]].append(point)
-    return plan
+        shares[index % len(units)].append(point)
+    return {host: share for unit, share in zip(units, shares) for host in unit}
 
 
 # A point's load budget when the host's last load is known: LOAD_BUDGET_FACTOR x that load + LOAD_BUDGET_MARGIN_S,

@@ -18,7 +18,8 @@ description:
     O(concurrency), the SLO, the counts, the benchmark options, that the hosts are alike, and that O(results_dir)
     can be written - then starts a run in C(sweep.json), sizes each level's benchmark and time budget, skips the
     point and level pairs already recorded when O(resume) is set, and assigns the points with something left to
-    measure to the hosts in turn (point I{i} to host I{i mod N}). Errors name the playbook variable (C(sweep_*)).
+    measure to the engines in turn (point I{i} to engine I{i mod N}; an engine is a host, or the hosts of a
+    multi-node engine, O(node_groups)). Errors name the playbook variable (C(sweep_*)).
   - O(action=budget) works out one host's load budget - how long a point's restart chain may take until its gate
     passes - from the engine the host runs before the sweep (O(unit_status)), or O(load_timeout).
   - O(action=record) writes one measured level (O(concurrency)) or several failed ones (O(levels)) to
@@ -103,8 +104,8 @@ options:
   host_profiles:
     description:
       - For O(action=plan). Per host, the settings that must be alike across the swept hosts (for example model
-        path, tensor-parallel size, algorithm, GPUs); hosts that differ are an error. The GPU list (else the TP
-        size) gives the GPUs per engine for tok/s per GPU.
+        path, tensor-parallel size, algorithm, GPUs, C(nnodes)); hosts that differ are an error. The GPU list times
+        C(nnodes) (else the TP size) gives the GPUs per engine for tok/s per GPU.
     type: dict
     default: {}
   host_args:
@@ -120,6 +121,13 @@ options:
       - For O(action=plan). The hosts to spread the points over, in order.
     type: list
     elements: str
+  node_groups:
+    description:
+      - For O(action=plan). Per host, the hosts of its multi-node engine (C(sglang_service_node_group)), empty for
+        a single-node engine. A multi-node engine restarts as one, so it takes points as one engine and each of
+        its hosts gets the engine's points; an engine whose hosts are not all in O(hosts) is an error.
+    type: dict
+    default: {}
   repeats:
     description:
       - For O(action=plan). Benchmark runs per point and level.
@@ -331,7 +339,9 @@ partial:
   returned: success
   type: dict
 assignment:
-  description: Per host, the points it runs in this run, each with the C(levels) left to measure (O(action=plan)).
+  description:
+    - Per host, the points it runs in this run, each with the C(levels) left to measure (O(action=plan)). The hosts
+      of a multi-node engine share its points.
   returned: success
   type: dict
 definition:
@@ -471,6 +481,7 @@ ARGUMENT_SPEC = {
     "host_profiles": {"type": "dict", "default": {}},
     "host_args": {"type": "dict", "default": {}},
     "hosts": {"type": "list", "elements": "str"},
+    "node_groups": {"type": "dict", "default": {}},
     "repeats": {"type": "int", "default": 3},
     "warmup_requests": {"type": "int", "default": 2},
     "stability_window": {"type": "int", "default": 0},

@@ -7,7 +7,10 @@ The first test runs the role's preflight and writes the unit from its templates 
 then starts the ranks itself, one after the other. The others share one deploy of the whole role on three hosts - the
 group on the first two, a single-node engine on the third - and show the group restarting as one: a change on rank 1
 restarts both ranks and not the single engine, a member that cannot be reached refuses the group before any change,
-and rank 1 crashing during the restart fails the group naming it and leaves both ranks stopped, no GPU held.
+and rank 1 crashing during the restart fails the group naming it and leaves both ranks stopped, no GPU held. Then
+deploy.yml and rollback.yml keep the group in one batch, the fleet probe gates rank 1 on what it serves, a sweep
+restarts the group as one for each point, and a rolling deploy through the real gateway (rank 0 the group's worker)
+loses no request.
 
 Run with three lab hosts (the default LLMOPS_LAB_HOSTS).
 """
@@ -15,15 +18,18 @@ Run with three lab hosts (the default LLMOPS_LAB_HOSTS).
 from __future__ import annotations
 
 import json
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import loadgen
 import pytest
 import yaml
-from gateway_lab import connect_hosts
+from gateway_lab import apply_gateway_role, connect_hosts, gateway_url, gateway_workers, worker_url
 from labutil import (
     DEPLOY,
+    LAB_LAYER,
     PLAYBOOKS,
     ROLLBACK,
     SERVICE_LAB_VARS,
@@ -38,6 +44,8 @@ from labutil import (
 
 pytestmark = pytest.mark.lab
 
+FLEET_PROBE = Path(__file__).resolve().parents[2] / "playbooks" / "fleet_probe.yml"
+SWEEP = Path(__file__).resolve().parents[2] / "playbooks" / "spec_sweep.yml"
 UNIT = "sglang-mn.service"
 UNIT_PATH = f"/etc/systemd/system/{UNIT}"
 ENV_PATH = "/etc/llmops/sglang-mn.env"
@@ -170,6 +178,33 @@ class Deployed:
         extra = {key: value for key, value in extra.items() if key != "svc_test_host"} | {"rollback_batch": 1}
         return run_playbook(self.lab, ROLLBACK, self.workdir, name, extra, inventories=(inventory,))
 
+    def probe(self, name: str) -> tuple:
+        """playbooks/fleet_probe.yml on the three hosts: its output and the per-host results."""
+        inventory, extra = self._layer(name)
+        summary = self.workdir / f"{name}.json"
+        extra = {key: value for key, value in extra.items() if key != "svc_test_host"}
+        extra |= {"fleet_probe_hosts": ",".join(self.pids()), "fleet_probe_summary_path": str(summary)}
+        proc = self.lab.playbook(FLEET_PROBE, extra, inventories=(LAB_LAYER, inventory))
+        return proc, json.loads(summary.read_text()) if summary.exists() else {}
+
+    def sweep(self, name: str, steps: list) -> tuple:
+        """playbooks/spec_sweep.yml on the group's two hosts: one load level, one short run per point."""
+        inventory, extra = self._layer(name)
+        results_dir = self.workdir / name
+        extra = {key: value for key, value in extra.items() if key != "svc_test_host"} | {
+            "sweep_hosts": f"{self.rank0}:{self.rank1}",
+            "sweep_steps": steps,
+            "sweep_algorithm": "EAGLE",
+            "sweep_concurrency": [1],
+            "sweep_repeats": 1,
+            "sweep_warmup_requests": 0,
+            "sweep_bench": {"num_prompts": 2, "max_new_tokens": 16, "request_timeout": 20},
+            "sweep_results_dir": str(results_dir),
+        }
+        proc = self.lab.playbook(SWEEP, extra, inventories=(LAB_LAYER, inventory))
+        results = results_dir / "results.json"
+        return proc, json.loads(results.read_text()) if results.exists() else {}
+
     def _layer(self, name: str, rank0=None, rank1=None, single=None) -> tuple:
         group = {
             "sglang_service_node_group": [self.rank0, self.rank1],
@@ -298,3 +333,76 @@ def test_a_rollback_returns_the_ranks_together_and_the_engine_serves(deployed):
     assert after[rank0] != before[rank0] and after[rank1] != before[rank1], (before, after)
     assert 'LLMOPS_TEST_RELEASE="4"' not in sh(lab, rank1, f"cat {ENV_PATH}")
     assert answers(lab, rank0, "/v1/models") == 200 and answers(lab, rank1, "/health") == 200
+
+
+def test_the_fleet_probe_gates_rank_1_on_what_it_serves(deployed):
+    """Rank 1 serves no API: the fleet probe checks its unit, GPUs and health server, reports it serving, and reports
+    the group as one engine that serves."""
+    rank0, rank1, single = deployed.rank0, deployed.rank1, deployed.single
+    proc, results = deployed.probe("probe")
+    assert proc.returncode == 0, output(proc)
+    assert "fleet probe: 3 of 3 host(s) serve" in proc.stdout, output(proc)
+    assert f"{rank1} (rank 1 of a multi-node engine: unit, GPU and health tiers): SERVING" in proc.stdout
+    assert f"multi-node engine {rank0}, {rank1}: SERVING" in proc.stdout, output(proc)
+    tiers = {tier["name"]: tier["status"] for tier in results[rank1]["tiers"]}
+    assert [name for name, status in tiers.items() if status == "ok"] == ["unit", "gpu", "health"], tiers
+    assert tiers["generate"] == "skipped", tiers
+    for host in (rank0, single):
+        assert results[host]["healthy"] and results[host]["generation"], results[host]
+
+
+def test_a_sweep_of_three_points_restarts_the_group_as_one_and_restores_the_original(deployed):
+    """spec_sweep.yml on the two ranks: the engine takes the points as one, each point restarts both ranks and is
+    measured through rank 0, and the engine ends on its original configuration (no speculative drop-in)."""
+    lab, rank0, rank1 = deployed.lab, deployed.rank0, deployed.rank1
+    before = deployed.pids()
+    proc, results = deployed.sweep("sweep", [1, 2, 3])
+    assert proc.returncode == 0, output(proc)
+    records = {record["point"]["steps"]: record for record in results["records"]}
+    assert sorted(records) == [1, 2, 3], results
+    for steps, record in records.items():
+        assert (record["status"], record["host"]) == ("measured", rank0), (steps, record.get("reason"))
+    assert results["definition"]["gpus_per_engine"] == 4
+    after = deployed.pids()
+    assert after[rank0] != before[rank0] and after[rank1] != before[rank1], (before, after)
+    dropin = "/etc/systemd/system/sglang-mn.service.d/50-speculative.conf"
+    for host in (rank0, rank1):
+        assert sh(lab, host, f"ls {dropin} /var/lib/llmops/sweep 2>/dev/null; true").strip() == "", host
+        assert "--speculative" not in sh(lab, host, f"systemctl show -P ExecStart {UNIT}"), host
+    assert answers(lab, rank0, "/v1/models") == 200 and answers(lab, rank1, "/health") == 200
+
+
+def test_a_rolling_deploy_through_the_gateway_loses_no_request(deployed, tmp_path):
+    """Rank 0 is the group's worker in the gateway (rank 1 serves no API). A deploy of every engine, one engine per
+    batch, while clients stream through the gateway (the real smg) loses no request: the single engine serves while
+    the group restarts, and the group while the single engine does."""
+    lab, rank0, single = deployed.lab, deployed.rank0, deployed.single
+    key = "lab-node-group-key-7d21"
+    addresses = connect_hosts(lab)
+    proc = apply_gateway_role(lab, single, {"sglang_gateway_api_key": key})
+    assert proc.returncode == 0, output(proc)
+    gateway = gateway_url(addresses[single])
+    behind = {"sglang_service_host": "0.0.0.0", "sglang_service_api_key": key,
+              "sglang_service_gateways": [gateway], "sglang_service_gateway_api_key": key}  # fmt: skip
+    proc, records = deployed.deploy("gateway-join", rank0=behind, rank1=behind, single=behind)
+    assert proc.returncode == 0, output(proc)
+    expected = sorted((worker_url(addresses[host]), True) for host in (rank0, single))
+    assert sorted((url, healthy) for url, _status, healthy in gateway_workers(lab, single, key)) == expected
+
+    stop = tmp_path / "stop-load"
+    settings = loadgen.LoadSettings(gateway, concurrency=4, duration=600, max_new_tokens=64, api_key=key,
+                                    timeout=60, stop_file=str(stop))  # fmt: skip
+    load = {}
+    clients = threading.Thread(target=lambda: load.update(loadgen.run_load(settings)), daemon=True)
+    clients.start()
+    changed = {**behind, "sglang_service_environment": {"LLMOPS_TEST_RELEASE": "gateway"}}
+    try:
+        proc, records = deployed.deploy("gateway-load", rank0=changed, rank1=changed, single=changed)
+    finally:
+        stop.touch()
+        clients.join(timeout=120)
+    assert proc.returncode == 0, output(proc)
+    assert set(outcomes(records).values()) == {"deployed"}, outcomes(records)
+    summary = load["summary"]
+    assert summary["requests"] > 0 and summary["ok"] == summary["requests"], summary
+    assert sorted((url, healthy) for url, _status, healthy in gateway_workers(lab, single, key)) == expected

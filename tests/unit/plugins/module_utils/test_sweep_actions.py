@@ -74,6 +74,18 @@ def record(results_dir, plan: dict, steps: int, concurrency: int, throughput: fl
     return record_levels(params)
 
 
+def test_plan_gives_a_multi_node_engine_its_points_once_and_counts_all_its_gpus(tmp_path):
+    profile = {"model_path": "m", "tp_size": "4", "gpus": [0, 1], "nnodes": 2}
+    params = plan_params(tmp_path, hosts=["r0", "r1"], host_profiles={"r0": profile, "r1": profile},
+                         node_groups={"r0": ["r0", "r1"], "r1": ["r0", "r1"]}, steps=[1, 2, 3])  # fmt: skip
+    plan = plan_sweep(params, {"run_id": "g"}, now=1.0)
+    assert [entry["steps"] for entry in plan["assignment"]["r0"]] == [1, 2, 3]
+    assert plan["assignment"]["r1"] == plan["assignment"]["r0"]
+    assert plan["definition"]["gpus_per_engine"] == 4
+    with pytest.raises(SweepInputError, match="holds r0 but not r1 of the multi-node engine r0, r1"):
+        plan_sweep(dict(params, hosts=["r0"]), {"run_id": "h"}, now=1.0)
+
+
 def test_plan_assigns_points_in_turn_with_their_levels_and_resume_measures_only_missing_levels(tmp_path):
     plan = plan_sweep(plan_params(tmp_path), {"run_id": "r1"}, now=1000.0)
     assert plan["pending"] == [entry["id"] for entry in plan["points"]]

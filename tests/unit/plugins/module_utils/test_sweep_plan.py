@@ -116,6 +116,23 @@ def test_points_go_to_hosts_in_turn():
         assign(points, [])
 
 
+def test_a_multi_node_engine_takes_points_as_one_and_each_of_its_hosts_gets_them():
+    points = expand_points(steps=[1, 2, 3, 4, 5])
+    groups = {"a0": ["a0", "a1"], "a1": ["a0", "a1"], "b": []}
+    plan = assign(points, ["a0", "b", "a1"], groups)
+    assert [point.steps for point in plan["a0"]] == [1, 3, 5]
+    assert plan["a1"] == plan["a0"]
+    assert [point.steps for point in plan["b"]] == [2, 4]
+
+
+def test_a_multi_node_engine_swept_in_part_is_refused_naming_the_missing_host():
+    groups = {"a0": ["a0", "a1"], "a1": ["a0", "a1"]}
+    with pytest.raises(SweepInputError) as caught:
+        assign([], ["a0", "b"], groups)
+    assert caught.value.variable == "sweep_hosts"
+    assert "holds a0 but not a1 of the multi-node engine a0, a1" in str(caught.value)
+
+
 def test_every_rejected_combination_is_named_with_its_rule_and_sglang_source():
     with pytest.raises(SweepInputError) as caught:
         expand_points(grid=[{"steps": 1, "topk": 4, "draft_tokens": 8}, {"steps": 3, "topk": 4, "draft_tokens": 8},
