@@ -6,9 +6,10 @@ its schedulers and a dummy health server, no API.
 The first test runs the role's preflight and writes the unit from its templates (playbooks/service_node_group.yml),
 then starts the ranks itself, one after the other. The others share one deploy of the whole role on three hosts - the
 group on the first two, a single-node engine on the third - and show the group restarting as one: a change on rank 1
-restarts both ranks and not the single engine, a member that cannot be reached refuses the group before any change,
+restarts both ranks and not the single engine, a member that cannot be reached stops a deploy before any change,
 and rank 1 crashing during the restart fails the group naming it and leaves both ranks stopped, no GPU held. Then
-deploy.yml and rollback.yml keep the group in one batch, the fleet probe gates rank 1 on what it serves, a sweep
+deploy.yml and rollback.yml keep the group in one batch, a deploy whose rank 1 crashes returns both ranks to
+known-good, the fleet probe gates rank 1 on what it serves and reports the group as one engine, a sweep
 restarts the group as one for each point, and a rolling deploy through the real gateway (rank 0 the group's worker)
 loses no request.
 
@@ -270,14 +271,17 @@ def test_a_change_on_rank_1_restarts_both_ranks_as_one_and_leaves_the_single_eng
 
 
 def test_a_member_that_cannot_be_reached_refuses_its_group_before_any_change(deployed):
+    """deploy.yml with rank 1 unreachable: its preflight stops the deploy before any batch, so neither rank (nor
+    any other host) changes."""
     lab, rank0, rank1 = deployed.lab, deployed.rank0, deployed.rank1
     before = deployed.pids()
     env_before = sh(lab, rank0, f"sha256sum {ENV_PATH}")
     release = {"sglang_service_environment": {"LLMOPS_TEST_RELEASE": "3"}}
-    proc, out = deployed.apply("unreachable", rank0=release, rank1={**release, "ansible_port": 1})
+    proc, _records = deployed.deploy("unreachable", rank0=release, rank1={**release, "ansible_port": 1})
+    out = output(proc)
     assert proc.returncode != 0
-    assert "UNREACHABLE" in out, out
-    assert f"sglang_service_node_group names {rank1}, which is not in this play" in out, out
+    assert f"fatal: [{rank1}]: UNREACHABLE!" in out, out
+    assert "PLAY [Deploy - one batch at a time] ****" in out and "skipping: no hosts matched" in out, out
     assert sh(lab, rank0, f"sha256sum {ENV_PATH}") == env_before
     assert deployed.pids() == before
 
@@ -333,6 +337,23 @@ def test_a_rollback_returns_the_ranks_together_and_the_engine_serves(deployed):
     assert after[rank0] != before[rank0] and after[rank1] != before[rank1], (before, after)
     assert 'LLMOPS_TEST_RELEASE="4"' not in sh(lab, rank1, f"cat {ENV_PATH}")
     assert answers(lab, rank0, "/v1/models") == 200 and answers(lab, rank1, "/health") == 200
+
+
+def test_a_deploy_whose_rank_1_crashes_returns_both_ranks_to_known_good_and_the_engine_serves(deployed):
+    """deploy.yml with rank 1 crashing on load: the group's gate fails naming rank 1, the deploy returns both ranks
+    to the known-good state the rollback above left and restarts them as one, and the engine serves again."""
+    lab, rank0, rank1, single = deployed.lab, deployed.rank0, deployed.rank1, deployed.single
+    env_before = {host: sh(lab, host, f"sha256sum {ENV_PATH}") for host in (rank0, rank1)}
+    single_pid = deployed.pids()[single]
+    crash = {"sglang_service_environment": {"SGLANG_SIM_FAULTS": "crash-on-load"}}
+    proc, records = deployed.deploy("deploy-crash", rank1=crash)
+    out = output(proc)
+    assert proc.returncode != 0
+    assert f"rank 1 ({rank1}) failed its gate: unit tier" in out, out
+    assert {host: outcomes(records)[host] for host in (rank0, rank1)} == {rank0: "rolled back", rank1: "rolled back"}
+    assert {host: sh(lab, host, f"sha256sum {ENV_PATH}") for host in (rank0, rank1)} == env_before
+    assert answers(lab, rank0, "/v1/models") == 200 and answers(lab, rank1, "/health") == 200
+    assert deployed.pids()[single] == single_pid
 
 
 def test_the_fleet_probe_gates_rank_1_on_what_it_serves(deployed):
