@@ -26,8 +26,13 @@ nothing it can reach is ever pruned.
 
 ``save`` copies the live files into ``current`` after the gate passed. Saving the same files, patch state and
 sources again only records the new verification time (and a snapshot saved before snapshots recorded their
-sources gains them). ``restore`` puts a snapshot's files back (drop-ins that the snapshot does not have are
-removed) after checking every copy and object it holds against its checksum.
+sources gains them). A multi-node engine's members save with the id of their group restart
+(``node_group_restart``), a new one each time, so every save of the group rotates on every member: ``current``
+and ``previous`` then name the same two group restarts on all of them, and a rollback returns every rank to the
+same one, also a rank whose own files did not change in between.
+
+``restore`` puts a snapshot's files back (drop-ins that the snapshot does not have are removed) after checking
+every copy and object it holds against its checksum.
 """
 
 from __future__ import annotations
@@ -69,7 +74,7 @@ STAGING_PREFIX = ".new."
 DROPINS = "dropins/"
 SOURCES_FORMAT = 1
 # Snapshot entries whose content is compared to tell a new known-good state from the current one.
-IDENTITY_KEYS = ("files", "patch_state_id")
+IDENTITY_KEYS = ("files", "patch_state_id", "node_group_restart")
 
 
 class SnapshotError(Exception):

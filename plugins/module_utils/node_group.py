@@ -110,7 +110,7 @@ class _Judge:
         twice = sorted({member for member in group if group.count(member) > 1})
         for member in twice:
             self.refuse(f"{label} names {member} {group.count(member)} times; list each host of the engine once")
-        missing = [member for member in dict.fromkeys(group) if self.views.get(member) is None]
+        missing = [member for member in dict.fromkeys(group) if not self.views.get(member)]
         for member in missing:
             self.refuse(
                 f"{label} names {member}, which is not in this play (not in the inventory, left out by --limit, "
@@ -233,8 +233,9 @@ def plan_group(host: str, group: list, views: dict, label: str = "sglang_service
     """This host's place in ``group`` (inventory names in rank order), from each member's own ``views``.
 
     ``views`` maps a member to its variables (``node_group``, ``node_rank``, ``tp_size``, ``gpus``, ``model_path``,
-    ``dist_init_addr``, ``dist_init_port``, ``address``), or to None when the member is not in the play. An empty
-    group is one node. Raises NodeGroupError naming every problem.
+    ``dist_init_addr``, ``dist_init_port``, ``address``), or to None or {} when the member is not in the play or did
+    not publish its variables (it failed before). An empty group is one node. Raises NodeGroupError naming every
+    problem.
     """
     if not group:
         return GroupPlan()

@@ -69,8 +69,11 @@ options:
     type: dict
     default: {}
   meta:
-    description: With O(state=saved), what else the manifest records, such as C(patch_state_id) and the probe's
-      C(main_pid).
+    description:
+      - With O(state=saved), what else the manifest records, such as C(patch_state_id) and the probe's C(main_pid).
+      - C(node_group_restart) names the group restart of a multi-node engine that passed; a save with another one
+        is a new snapshot even when the files are the same, so that every member's C(previous) is the state of the
+        same group restart.
     type: dict
     default: {}
   python:

@@ -124,7 +124,8 @@ options:
         description:
           - Each member's own settings, by name - C(node_group), C(node_rank) (null - its position), C(tp_size),
             C(gpus), C(model_path), C(dist_init_addr) (empty - derived), C(dist_init_port), C(address) (how the others
-            reach it). A member that is missing (not in the play) is refused.
+            reach it). A member that is missing, null or empty (not in the play, or failed before it published its
+            settings) is refused.
         type: dict
         default: {}
       check_address:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import loadgen
@@ -48,6 +48,8 @@ pytestmark = pytest.mark.lab
 FLEET_PROBE = Path(__file__).resolve().parents[2] / "playbooks" / "fleet_probe.yml"
 SWEEP = Path(__file__).resolve().parents[2] / "playbooks" / "spec_sweep.yml"
 UNIT = "sglang-mn.service"
+# The engines' and the gateway's API key, once the engines are behind the gateway.
+KEY = "lab-node-group-key-7d21"
 UNIT_PATH = f"/etc/systemd/system/{UNIT}"
 ENV_PATH = "/etc/llmops/sglang-mn.env"
 
@@ -80,10 +82,13 @@ def titles(lab, host: str) -> list:
 
 
 def answers(lab, host: str, path: str) -> int:
+    """The status of GET ``path`` on the host's engine, with the key the engines get once behind the gateway."""
     probe = (
         "import urllib.request, urllib.error\n"
         "try:\n"
-        f"    print(urllib.request.urlopen('http://127.0.0.1:30000{path}', timeout=5).status)\n"
+        f"    request = urllib.request.Request('http://127.0.0.1:30000{path}', "
+        f"headers={{'Authorization': 'Bearer {KEY}'}})\n"
+        "    print(urllib.request.urlopen(request, timeout=5).status)\n"
         "except urllib.error.HTTPError as e:\n"
         "    print(e.code)\n"
         "except OSError:\n"
@@ -159,6 +164,8 @@ class Deployed:
     rank1: str
     single: str
     workdir: Path
+    # What every engine gets once the gateway runs (test_deploy_in_batches...): listen on the lab address, behind it.
+    behind: dict = field(default_factory=dict)
 
     def apply(self, name: str, rank0=None, rank1=None, single=None) -> tuple:
         """The role on the three hosts: the group's settings and each host's own (``rank0``, ...) as inventory host
@@ -174,9 +181,11 @@ class Deployed:
         return run_playbook(self.lab, DEPLOY, self.workdir, name, extra, inventories=(inventory,))
 
     def rollback(self, name: str) -> tuple:
-        """playbooks/rollback.yml to the previous known-good snapshot on the three hosts, one host per batch."""
+        """playbooks/rollback.yml to the previous known-good snapshot on the group's two hosts, one host per batch
+        (the single engine's previous snapshot is from before the gateway: the gateway could not reach it)."""
         inventory, extra = self._layer(name)
-        extra = {key: value for key, value in extra.items() if key != "svc_test_host"} | {"rollback_batch": 1}
+        extra = {key: value for key, value in extra.items() if key != "svc_test_host"}
+        extra |= {"rollback_batch": 1, "rollback_hosts": f"{self.rank0},{self.rank1}"}
         return run_playbook(self.lab, ROLLBACK, self.workdir, name, extra, inventories=(inventory,))
 
     def probe(self, name: str) -> tuple:
@@ -214,9 +223,9 @@ class Deployed:
             "sglang_service_dist_timeout": 60,
         }
         hosts = {
-            self.rank0: {**group, **(rank0 or {})},
-            self.rank1: {**group, **(rank1 or {})},
-            self.single: {"sglang_service_tp_size": 2, **(single or {})},
+            self.rank0: {**group, **self.behind, **(rank0 or {})},
+            self.rank1: {**group, **self.behind, **(rank1 or {})},
+            self.single: {"sglang_service_tp_size": 2, **self.behind, **(single or {})},
         }
         for host, values in hosts.items():
             values["svc_test_result"] = str(self.workdir / f"{name}-{host}.json")
@@ -265,7 +274,7 @@ def test_a_change_on_rank_1_restarts_both_ranks_as_one_and_leaves_the_single_eng
     assert (gate1["phase"], gate1["node_rank"], gate1["healthy"]) == ("gate", 1, True), gate1["msg"]
     assert [tier["name"] for tier in gate1["gate"]["tiers"] if tier["status"] == "ok"] == ["unit", "gpu", "health"]
     assert "generate" in [tier["name"] for tier in gate0["gate"]["tiers"] if tier["status"] == "ok"]
-    # The group saved its snapshots once both passed: rank 1's new state, rank 0's unchanged one verified again.
+    # The group saved its snapshots once both passed, a new one on each rank (rank 0's files did not change).
     assert json.loads(sh(lab, rank1, f"cat {KNOWN_GOOD}"))["main_pid"] == after[rank1]
     assert json.loads(sh(lab, rank0, f"cat {KNOWN_GOOD}"))["verified_at"] != verified
 
@@ -302,16 +311,33 @@ def test_rank_1_crashing_in_the_restart_fails_the_group_naming_it_and_leaves_bot
     assert deployed.pids()[single] == single_pid
 
 
+def workers(deployed) -> list:
+    """Sorted (url, healthy) of the workers the gateway on the single-node host lists."""
+    return sorted((url, healthy) for url, _status, healthy in gateway_workers(deployed.lab, deployed.single, KEY))
+
+
 def test_deploy_in_batches_of_one_keeps_the_group_in_one_batch_and_brings_every_engine_to_serving(deployed):
-    """After the crash above left both ranks stopped: deploy.yml, one host per batch, deploys the two ranks together
-    (split across batches, the group's restart would refuse to run without its other member) and brings all three
-    engines to serving; then a change on rank 1 alone deploys both ranks, rank 0 too though it is up to date, and
-    leaves the single engine, up to date, as it is."""
+    """After the crash above left both ranks stopped: the gateway (the real smg) starts on the single-node host, and
+    deploy.yml, one host per batch, deploys the two ranks together (split across batches, the group's restart would
+    refuse to run without its other member) and brings all three engines to serving, rank 0 and the single engine
+    behind the gateway; then a change on rank 1 alone deploys both ranks, rank 0 too though it is up to date, and
+    leaves the single engine, up to date, as it is. The tests after this one run behind the gateway."""
     lab, rank0, rank1, single = deployed.lab, deployed.rank0, deployed.rank1, deployed.single
+    addresses = connect_hosts(lab)
+    proc = apply_gateway_role(lab, single, {"sglang_gateway_api_key": KEY})
+    assert proc.returncode == 0, output(proc)
+    deployed.behind = {
+        "sglang_service_host": "0.0.0.0",
+        "sglang_service_api_key": KEY,
+        "sglang_service_gateways": [gateway_url(addresses[single])],
+        "sglang_service_gateway_api_key": KEY,
+    }
     proc, records = deployed.deploy("deploy")
     assert proc.returncode == 0, output(proc)
     # Every host changes: the fleet's layer (tests/lab/inventory) gives the engines an environment of its own.
     assert outcomes(records) == {rank0: "deployed", rank1: "deployed", single: "deployed"}, output(proc)
+    # Rank 0 is the group's worker in the gateway; rank 1 serves no API.
+    assert workers(deployed) == sorted((worker_url(addresses[host]), True) for host in (rank0, single))
     assert answers(lab, rank0, "/v1/models") == 200 and answers(lab, rank1, "/health") == 200
     assert answers(lab, single, "/v1/models") == 200
     before = deployed.pids()
@@ -325,17 +351,21 @@ def test_deploy_in_batches_of_one_keeps_the_group_in_one_batch_and_brings_every_
 
 
 def test_a_rollback_returns_the_ranks_together_and_the_engine_serves(deployed):
-    """rollback.yml, one host per batch, returns both ranks to their previous known-good state in one batch and
-    restarts them as one engine (a rank restarted alone would never come up)."""
+    """rollback.yml, one host per batch, returns both ranks to the known-good state of the group restart before the
+    last one, in one batch, and restarts them as one engine (a rank restarted alone would never come up)."""
     lab, rank0, rank1 = deployed.lab, deployed.rank0, deployed.rank1
     before = deployed.pids()
     assert 'LLMOPS_TEST_RELEASE="4"' in sh(lab, rank1, f"cat {ENV_PATH}")
+    rank0_env = sh(lab, rank0, f"sha256sum {ENV_PATH}")
     proc, records = deployed.rollback("rollback")
     assert proc.returncode == 0, output(proc)
     assert {host: outcomes(records)[host] for host in (rank0, rank1)} == {rank0: "returned", rank1: "returned"}
     after = deployed.pids()
     assert after[rank0] != before[rank0] and after[rank1] != before[rank1], (before, after)
     assert 'LLMOPS_TEST_RELEASE="4"' not in sh(lab, rank1, f"cat {ENV_PATH}")
+    # Both ranks are back on the same group restart's state: rank 0's files did not change in the deploy undone, so
+    # they stay as they are (not its own older snapshot, which would mix two states in one engine).
+    assert sh(lab, rank0, f"sha256sum {ENV_PATH}") == rank0_env
     assert answers(lab, rank0, "/v1/models") == 200 and answers(lab, rank1, "/health") == 200
 
 
@@ -395,28 +425,17 @@ def test_a_sweep_of_three_points_restarts_the_group_as_one_and_restores_the_orig
 
 def test_a_rolling_deploy_through_the_gateway_loses_no_request(deployed, tmp_path):
     """Rank 0 is the group's worker in the gateway (rank 1 serves no API). A deploy of every engine, one engine per
-    batch, while clients stream through the gateway (the real smg) loses no request: the single engine serves while
-    the group restarts, and the group while the single engine does."""
-    lab, rank0, single = deployed.lab, deployed.rank0, deployed.single
-    key = "lab-node-group-key-7d21"
-    addresses = connect_hosts(lab)
-    proc = apply_gateway_role(lab, single, {"sglang_gateway_api_key": key})
-    assert proc.returncode == 0, output(proc)
-    gateway = gateway_url(addresses[single])
-    behind = {"sglang_service_host": "0.0.0.0", "sglang_service_api_key": key,
-              "sglang_service_gateways": [gateway], "sglang_service_gateway_api_key": key}  # fmt: skip
-    proc, records = deployed.deploy("gateway-join", rank0=behind, rank1=behind, single=behind)
-    assert proc.returncode == 0, output(proc)
-    expected = sorted((worker_url(addresses[host]), True) for host in (rank0, single))
-    assert sorted((url, healthy) for url, _status, healthy in gateway_workers(lab, single, key)) == expected
-
+    batch, while clients stream through the gateway loses no request: the single engine serves while the group
+    restarts, and the group while the single engine does."""
+    before = workers(deployed)
+    assert len(before) == 2 and all(healthy for _url, healthy in before), before
     stop = tmp_path / "stop-load"
-    settings = loadgen.LoadSettings(gateway, concurrency=4, duration=600, max_new_tokens=64, api_key=key,
-                                    timeout=60, stop_file=str(stop))  # fmt: skip
+    settings = loadgen.LoadSettings(deployed.behind["sglang_service_gateways"][0], concurrency=4, duration=600,
+                                    max_new_tokens=64, api_key=KEY, timeout=60, stop_file=str(stop))  # fmt: skip
     load = {}
     clients = threading.Thread(target=lambda: load.update(loadgen.run_load(settings)), daemon=True)
     clients.start()
-    changed = {**behind, "sglang_service_environment": {"LLMOPS_TEST_RELEASE": "gateway"}}
+    changed = {"sglang_service_environment": {"LLMOPS_TEST_RELEASE": "gateway"}}
     try:
         proc, records = deployed.deploy("gateway-load", rank0=changed, rank1=changed, single=changed)
     finally:
@@ -426,4 +445,4 @@ def test_a_rolling_deploy_through_the_gateway_loses_no_request(deployed, tmp_pat
     assert set(outcomes(records).values()) == {"deployed"}, outcomes(records)
     summary = load["summary"]
     assert summary["requests"] > 0 and summary["ok"] == summary["requests"], summary
-    assert sorted((url, healthy) for url, _status, healthy in gateway_workers(lab, single, key)) == expected
+    assert workers(deployed) == before

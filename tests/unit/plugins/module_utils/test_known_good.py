@@ -60,6 +60,20 @@ def test_a_new_state_rotates_current_to_previous(tmp_path, unit):
     assert "dropins/50-speculative.conf" not in store.read("previous")["files"]
 
 
+def test_each_group_restart_is_a_snapshot_of_its_own_even_with_the_same_files(tmp_path, unit):
+    """A rank whose files did not change must still rotate with the others: its previous snapshot is then the state
+    of the same group restart as every other rank's, and a rollback returns the whole engine to one state."""
+    files, dropins = unit
+    store = KnownGoodStore(str(tmp_path / "kg"))
+    store.save(files, dropins, {"patch_state_id": "pristine", "node_group_restart": "r1"})
+
+    again = store.save(files, dropins, {"patch_state_id": "pristine", "node_group_restart": "r1"})
+    assert again["rotated"] is False and again["msg"] == "current snapshot re-verified"
+    later = store.save(files, dropins, {"patch_state_id": "pristine", "node_group_restart": "r2"})
+    assert later["rotated"] is True
+    assert (store.read("previous")["node_group_restart"], store.read("current")["node_group_restart"]) == ("r1", "r2")
+
+
 def test_check_mode_saves_nothing(tmp_path, unit):
     files, dropins = unit
     store = KnownGoodStore(str(tmp_path / "kg"))
