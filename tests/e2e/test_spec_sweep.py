@@ -211,6 +211,9 @@ def test_every_point_is_loaded_once_and_measured_at_every_level(sweep_lab, accep
         # A point's gate holds no stability window: the benchmark right after it watches the engine.
         gate = next(step for step in first["load"]["gate"]["steps"] if step["name"] == "gate")
         assert gate["detail"] == "passed, holding a stability window of 0 s", gate
+        # A point can never become known-good, so its chain saves no snapshot.
+        snapshot = next(step for step in first["load"]["gate"]["steps"] if step["name"] == "snapshot")
+        assert (snapshot["status"], snapshot["detail"]) == ("skipped", "no known_good.root given"), snapshot
         for level in LEVELS:
             bench = levels[(steps, level)]["bench"]
             assert bench["requests_started_at"] < bench["requests_ended_at"], bench
