@@ -32,6 +32,24 @@ def load_run(run: str | None) -> tuple:
     return name, files
 
 
+def mixed_or_dirty(run: str, files: dict) -> str:
+    """Why the data files are not one ``make bench`` run at one clean commit; empty when they are."""
+    problems = []
+    runs = sorted({str(data.get("run")) for data in files.values()})
+    if runs != [run]:
+        problems.append(f"the files come from the runs {', '.join(runs)}")
+    shas = sorted({(data.get("commit") or {}).get("sha") or "unknown" for data in files.values()})
+    if len(shas) > 1:
+        per_file = ", ".join(
+            f"{name} at {(data.get('commit') or {}).get('sha', 'unknown')[:12]}" for name, data in files.items()
+        )
+        problems.append(f"they were measured at {len(shas)} commits ({per_file})")
+    dirty = [name for name, data in files.items() if (data.get("commit") or {}).get("dirty", True)]
+    if dirty:
+        problems.append(f"{', '.join(dirty)} measured with uncommitted changes")
+    return "; ".join(problems)
+
+
 def samples(data: dict, **match) -> list:
     return [s for s in data["samples"] if all(s.get(key) == value for key, value in match.items())]
 
@@ -705,11 +723,10 @@ def verdict(figure: Figure) -> str:
 
 
 def benchmark_line(name: str, data: dict) -> str:
-    commit = f"`{data['commit']['sha'][:12]}`" + (" with uncommitted changes" if data["commit"]["dirty"] else "")
     lab = data["lab"]
     load = " ".join(map(str, data["machine"]["load_average_at_start"]))
     return (
-        f"  - {name}: commit {commit}, {lab['hosts']} host(s) with {lab['gpus_per_host']} simulated GPUs each "
+        f"  - {name}: {lab['hosts']} host(s) with {lab['gpus_per_host']} simulated GPUs each "
         f"(lab `{lab['name']}`), load average {load}, started {utc(data['started'])}.\n"
     )
 
@@ -739,10 +756,11 @@ def header(run: str, files: dict) -> list:
         "## The run\n\n",
         f"- Raw data: [`docs/performance/{run}/`](performance/{run}/) ({len(files)} files: one per benchmark, every "
         "sample with its start and stop time, the lab settings, the machine and the commit).\n",
-        f"- Measured {utc(started)} to {utc(finished)}.\n",
+        f"- Measured {utc(started)} to {utc(finished)}, every benchmark at commit `{first['commit']['sha']}` with no "
+        "uncommitted change (the page is written only from such a run).\n",
         f"- Machine: {machine['cores']} CPU cores, {machine['memory_gib']:g} GiB memory, Linux {machine['kernel']}, "
         f"Python {machine['python']}, {machine['ansible']}.\n",
-        "- Per benchmark (its commit, its lab, the machine's load average when it started):\n",
+        "- Per benchmark (its lab, the machine's load average when it started):\n",
         *(benchmark_line(name, data) for name, data in sorted(files.items(), key=lambda item: item[1]["started"])),
         "- Regenerate this page from the committed data: `python tests/bench/write_performance.py` (add "
         "`--run NAME` for another run under docs/performance/). Measure again: `make bench` as root.\n\n",
@@ -798,11 +816,25 @@ def budget(files: dict) -> list:
     return lines
 
 
-def unmeasured() -> str:
-    """The page while no run is committed: what would be measured, and nothing that looks like a figure."""
+def refused(run: str, files: dict) -> str:
+    """Why the run's files are not one run at one clean commit, as the page and the writer say it; empty when
+    they are."""
+    problems = mixed_or_dirty(run, files)
+    return f"docs/performance/{run}/ is not one run at one clean commit: {problems}" if problems else ""
+
+
+def unmeasured(refusal: str = "") -> str:
+    """The page while no run at one clean commit is committed: what would be measured, and nothing that looks like
+    a figure; ``refusal`` says why the newest run is not published."""
+    opening = (
+        f"**No figure is published.** {refusal}. Its raw data stays in the repository, but figures from several "
+        "commits or a dirty tree would not compare, so this page publishes none of them. "
+        if refusal
+        else "No benchmark run is committed yet, so this page publishes no figure. "
+    )
     lines = [
         "# Performance\n\n",
-        "No benchmark run is committed yet, so this page publishes no figure. `make bench` (as root, on lab hosts) "
+        opening + "`make bench` (as root, on lab hosts) "
         "writes every raw sample of a run under `docs/performance/<run>/` and regenerates this page from them with "
         "`python tests/bench/write_performance.py`; each figure is then a ratio against the way the job is done "
         "without the collection, measured side by side in the same run, with its runs and spread, met or missed.\n\n",
@@ -816,6 +848,8 @@ def unmeasured() -> str:
 def render(run: str | None, files: dict) -> str:
     if run is None:
         return unmeasured()
+    if refused(run, files):
+        return unmeasured(refused(run, files))
     sections, skipped = [], []
     for name, (title, compute, command) in BENCHMARKS.items():
         data = files.get(name)
@@ -849,6 +883,10 @@ def main(argv=None) -> int:
         print(f"{OUTPUT} matches {source}")
         return 0
     OUTPUT.write_text(page)
+    refusal = refused(run, files) if run else ""
+    if refusal:
+        print(f"wrote {OUTPUT} with no figure: {refusal}", file=sys.stderr)
+        return 1
     print(f"wrote {OUTPUT} from {source}")
     return 0
 

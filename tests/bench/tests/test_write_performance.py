@@ -33,6 +33,28 @@ def test_without_a_committed_run_the_page_publishes_no_figure(monkeypatch, tmp_p
     assert "| met |" not in page and "**missed**" not in page
 
 
+def test_a_set_of_files_from_several_commits_runs_or_a_dirty_tree_publishes_no_figure(data_dir):
+    run = data_dir / "performance" / "20260102T030405Z"
+    assert write_performance.refused(*write_performance.load_run(None)) == ""  # one run, one clean commit
+    restart = json.loads((run / "restart.json").read_text())
+    (run / "restart.json").write_text(json.dumps(restart | {"commit": {"sha": "f" * 40, "dirty": True}}))
+    name, files = write_performance.load_run(None)
+    why = (
+        "docs/performance/20260102T030405Z/ is not one run at one clean commit: they were measured at 2 commits "
+        "(restart at ffffffffffff, rolling_deploy at 0123456789ab); restart measured with uncommitted changes"
+    )
+    assert write_performance.refused(name, files) == why
+    page = write_performance.render(name, files)
+    assert page.startswith(f"# Performance\n\n**No figure is published.** {why}.")
+    assert "| met |" not in page and "**missed**" not in page and "median" not in page
+    assert write_performance.main([]) == 1  # the writer says so, and the page it wrote says why
+    assert write_performance.OUTPUT.read_text() == page
+    (run / "restart.json").write_text(json.dumps(restart | {"run": "20260101T000000Z"}))
+    assert "the files come from the runs 20260101T000000Z, 20260102T030405Z" in write_performance.refused(
+        *write_performance.load_run(None)
+    )
+
+
 def benchmark(name: str, settings: dict, samples: list, **extra) -> dict:
     return {
         "benchmark": name,
