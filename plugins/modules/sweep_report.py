@@ -468,6 +468,11 @@ from ansible_collections.llmops.inference.plugins.module_utils.sweep_actions imp
 )
 from ansible_collections.llmops.inference.plugins.module_utils.sweep_plan import SweepInputError  # noqa: E402
 
+
+def _optional(kind, *names):
+    return {name: {"type": kind} for name in names}
+
+
 ARGUMENT_SPEC = {
     "action": {"type": "str", "required": True, "choices": ["plan", "budget", "record", "report"]},
     "results_dir": {"type": "path", "required": True},
@@ -491,25 +496,14 @@ ARGUMENT_SPEC = {
     "apply": {"type": "str", "default": "original", "choices": ["original", "best"]},
     "mad_penalty": {"type": "float", "default": 1.0},
     "tolerance": {"type": "float", "default": 0.02},
-    "unit_status": {"type": "dict"},
-    "role_wait_s": {"type": "float"},
-    "load_timeout": {"type": "float"},
-    "run_id": {"type": "str"},
-    "point": {"type": "dict"},
-    "concurrency_level": {"type": "int"},
     "levels": {"type": "list", "elements": "int"},
-    "host": {"type": "str"},
-    "point_started_at": {"type": "float"},
-    "started_at": {"type": "float"},
-    "finished_at": {"type": "float"},
-    "apply_s": {"type": "float"},
-    "load_s": {"type": "float"},
-    "gate": {"type": "dict"},
-    "benchmark": {"type": "dict"},
-    "error": {"type": "str"},
-    "not_run": {"type": "str"},
-    "first_failure": {"type": "str"},
     "journal": {"type": "list", "elements": "str"},
+    "concurrency_level": {"type": "int"},
+    # What one action reads about a host or a point, each optional and with no default.
+    **_optional("dict", "unit_status", "point", "gate", "benchmark"),
+    **_optional("str", "run_id", "host", "error", "not_run", "first_failure"),
+    **_optional("float", "role_wait_s", "load_timeout", "apply_s", "load_s"),
+    **_optional("float", "point_started_at", "started_at", "finished_at"),
     "api_key": {"type": "str", "no_log": True},
     "plot": {"type": "bool", "default": True},
 }
