@@ -3,8 +3,8 @@ bad input."""
 
 from __future__ import annotations
 
+import itertools
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
@@ -152,7 +152,11 @@ def test_a_failed_add_job_stops_the_wait_at_once_with_the_gateways_reason(gatewa
 
 def test_an_add_already_in_progress_is_joined_not_repeated(gateways):
     fake = gateways(add_delay=0.3)
-    fake.pending["7d0c1e32-0000-4000-8000-000000000001"] = (WORKER, time.monotonic() + 0.3, None)
+    # The gateway's clock counts its requests, so that the add in progress is still pending at the module's first look
+    # however slow the machine, and ends a few requests later.
+    requests = itertools.count()
+    fake.clock = lambda: next(requests)
+    fake.pending["7d0c1e32-0000-4000-8000-000000000001"] = (WORKER, 3, None)
     result = gateway_set(fake).add(WORKER)
     view = result.to_dict()["gateways"][0]
     assert (view["action"], view["changed"], view["healthy"]) == ("add pending", False, True)
