@@ -350,14 +350,19 @@ def install_operator_unit(lab, host: str, engine: dict) -> None:
     assert started["ok"], started["error"]
 
 
-def operator_restart(lab, host: str) -> dict:
-    """tests/bench/operator/restart.sh on the host: the sample fields of its restart and /health loop."""
+def operator_restart(lab, host: str, script: str = "restart.sh", *args) -> dict:
+    """An operator's restart script of tests/bench/operator/ on the host (restart.sh: restart and a /health loop):
+    the sample fields of its wall-clock start, stop and, where it says, when the engine served (``serving``)."""
     began = time.time()
-    proc = lab.exec(host, f"{BENCH_DIR}/restart.sh {OPERATOR_UNIT} {URL}", timeout=960)
+    command = " ".join([f"{BENCH_DIR}/{script}", OPERATOR_UNIT, URL, *map(str, args)])
+    proc = lab.exec(host, command, timeout=960)
     if proc.returncode != 0:
         return {"start": began, "stop": time.time(), "ok": False, "error": (proc.stdout + proc.stderr)[-1500:]}
-    start, stop = (float(value) for value in proc.stdout.split())
-    return {"start": start, "stop": stop, "ok": True}
+    times = [float(value) for value in proc.stdout.split()]
+    fields = {"start": times[0], "stop": times[-1], "ok": True}
+    if len(times) == 3:
+        fields["serving"] = times[1]
+    return fields
 
 
 def apply_role(lab, hosts: str, variables: dict, collections=None, inventory=LAB_INVENTORY) -> None:

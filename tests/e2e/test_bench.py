@@ -40,7 +40,11 @@ from labutil import SERVICE_PATH, install_unit, role_default, sh, wait_ready
 pytestmark = pytest.mark.bench
 
 MODEL = "Qwen/Qwen3-8B"  # the hung engine's
-RESTART_LOADS = [float(value) for value in os.environ.get("LLMOPS_BENCH_RESTART_LOADS", "10,1").split(",")]
+# A short load (stress) and a realistic one: real SGLang starts take 30 s to minutes (CUDA graph capture alone 12 s
+# for a main model, 63 s for an EAGLE draft).
+RESTART_LOADS = [float(value) for value in os.environ.get("LLMOPS_BENCH_RESTART_LOADS", "5,60").split(",")]
+# The operators' scripts ask as often as the restart chain does.
+OPERATOR_POLL_S = 0.1
 REAP_GRACE = 2.0
 PROGRESS_WINDOW = float(os.environ.get("LLMOPS_BENCH_PROGRESS_WINDOW", "5"))
 # The lab's fault for "generation stuck while /health answers"; the lab names it.
@@ -73,7 +77,8 @@ def baseline():
 
 def test_bench_restart_chain_against_systemctl_restart_and_a_health_loop(restart_hosts, baseline, tmp_path):
     """Per load: the role's chain (this commit's, with its gate and with the baseline's, and the baseline
-    commit's) and the operator's script, each commit and the operator on hosts of their own."""
+    commit's) and the operator's scripts (a restart and a /health loop; the same with the chain's checks), each commit
+    and the operator on hosts of their own."""
     lab = restart_hosts
     tree, collections, baseline_sha = baseline
     sides = {}
@@ -90,11 +95,14 @@ def test_bench_restart_chain_against_systemctl_restart_and_a_health_loop(restart
             "engine": {f"{load:g}": engine_vars(load) for load in RESTART_LOADS},
             "inventory": "tests/lab/inventory (the baseline side: that commit's own tests/lab/inventory)",
             "operator_script": "tests/bench/operator/restart.sh",
+            "operator_checked_script": "tests/bench/operator/restart_checked.sh",
+            "operator_poll_s": OPERATOR_POLL_S,
             "same_gate": BASELINE_GATE,
             "stability_window_s": role_default("sglang_service_probe_stability_window"),
         },
     )
     baseline_inventory = tree / "tests" / "lab" / "inventory"
+    window = role_default("sglang_service_probe_stability_window")
     with bench.part("set-up: the role on its hosts, the operator's plain units"):
         # One load's hosts at a time; its two role runs side by side (set-up only, nothing here is measured).
         for load, hosts in sides.items():
@@ -119,10 +127,13 @@ def test_bench_restart_chain_against_systemctl_restart_and_a_health_loop(restart
             with bench.part(f"round {round_number + 1}, {load:g} s load"):
                 variables = engine_vars(load)
                 common = {"round": round_number, "load_s": load}
-                for side in in_turn(round_number, ["collection", "operator", "baseline", "same_gate"]):
-                    host = hosts["collection" if side == "same_gate" else side]
+                sides_of_round = ["collection", "operator", "operator_checked", "baseline", "same_gate"]
+                for side in in_turn(round_number, sides_of_round):
+                    host = hosts[{"same_gate": "collection", "operator_checked": "operator"}.get(side, side)]
                     if side == "operator":
                         fields = operator_restart(lab, host)
+                    elif side == "operator_checked":
+                        fields = operator_restart(lab, host, "restart_checked.sh", window)
                     elif side == "collection":
                         fields = chain_restart(lab, host, variables, tmp_path)
                     elif side == "same_gate":

@@ -1,10 +1,13 @@
 """Benchmarks of playbooks/deploy.yml on a fleet (``make bench``; not run by ``make test``).
 
-- No-op deploy (every host up to date) on 1, 6 and 12 hosts, and on 1 and 6 hosts deployed by the baseline commit
-  with that commit's deploy.yml, side by side.
-- A rolling deploy under load through the real gateway (smg): 16 streaming clients for the whole round, a steady
-  phase, then the deploy with the gateway list in the inventory (each host drained from the gateway before its
-  restart) and the same deploy without it (the plain rolling restart). It needs the gateway drain in the restart
+- No-op deploy (every host up to date) on 1, 6 and 12 hosts beside a play of one ping on the same hosts (the floor
+  of any playbook), and on 1 and 6 hosts deployed by the baseline commit with that commit's deploy.yml, side by
+  side.
+- A rolling deploy under load through the real gateway (smg): 16 streaming clients send requests that outlive a
+  stop (480 tokens at 50 ms: 24 s) for the whole round, a steady phase of 60 s, then the deploy with drains (the
+  gateway list in the inventory, each host taken out of the gateway and its requests finished before its stop) and
+  the same deploy without them (no gateway list, and a stop budget of a few seconds, shorter than a request: what a
+  plain `systemctl restart` of an engine does to the requests it holds). It needs the gateway drain in the restart
   chain, which the role declares as LLMOPS_BENCH_GATEWAY_VAR (default sglang_service_gateways); until then it is
   recorded as skipped, with that reason.
 """
@@ -19,7 +22,17 @@ from pathlib import Path
 
 import loadgen
 import pytest
-from benchdata import RUNS, Recorder, baseline_checkout, fresh_hosts, in_turn, lab_group_vars, timed_playbook
+from benchdata import (
+    LAB_INVENTORY,
+    PLAYS,
+    RUNS,
+    Recorder,
+    baseline_checkout,
+    fresh_hosts,
+    in_turn,
+    lab_group_vars,
+    timed_playbook,
+)
 from gateway_lab import apply_gateway_role, connect_hosts, gateway_url, worker_url
 
 pytestmark = pytest.mark.bench
@@ -29,8 +42,17 @@ GATEWAY_VAR = os.environ.get("LLMOPS_BENCH_GATEWAY_VAR", "sglang_service_gateway
 ROLE_SPECS = REPO / "roles" / "sglang_service" / "meta" / "argument_specs.yml"
 FLEET_SIZES = (1, 6, 12)
 LOAD_CLIENTS = 16
+# Generations that outlive a stop: 480 tokens at the engine's 50 ms per token, 24 s each.
+LOAD_TOKENS = 480
+TOKEN_LATENCY_MS = 50
+# Without drains the stop budget is far shorter than a request (with them, the role's defaults cover one).
+WITHOUT_DRAINS = {
+    "sglang_service_drain_timeout": 1,
+    "sglang_service_scheduler_exit_sec": 1,
+    "sglang_service_stop_margin_sec": 1,
+}
 ALL_AT_ONCE = {"deploy_batch": "100%"}
-STEADY_S = float(os.environ.get("LLMOPS_BENCH_STEADY_S", "10"))
+STEADY_S = float(os.environ.get("LLMOPS_BENCH_STEADY_S", "60"))
 # Runs the rolling benchmark although the role does not declare the gateway list: a check of the harness alone
 # (both sides then deploy the same way); its data says so.
 FORCE_ROLLING = os.environ.get("LLMOPS_BENCH_ROLLING_FORCE") == "1"
@@ -79,7 +101,7 @@ def test_bench_noop_deploy_on_1_6_and_12_hosts(lab):
             with bench.part("deploy this commit on the baseline's 6 hosts"):
                 run = deploy(lab, theirs, extra=ALL_AT_ONCE)
                 assert run.proc.returncode == 0, run.output
-            cases = [("collection", lab.hosts[:size]) for size in FLEET_SIZES]
+            cases = [(side, lab.hosts[:size]) for size in FLEET_SIZES for side in ("collection", "ping")]
             measure(bench, lab, cases, tree, collections, "this commit at 1, 6 and 12 hosts")
         finally:
             lab.reset()
@@ -90,8 +112,13 @@ def measure(bench, lab, cases: list, tree: Path, collections, label: str) -> Non
     for round_number in range(RUNS):
         with bench.part(f"round {round_number + 1}: {label}"):
             for side, hosts in in_turn(round_number, cases):
-                where, paths = (REPO, None) if side == "collection" else (tree, collections)
-                run = deploy(lab, hosts, where, paths)
+                if side == "ping":
+                    run = timed_playbook(
+                        lab, PLAYS / "bench_ping.yml", limit=",".join(hosts), inventories=(LAB_INVENTORY,)
+                    )
+                else:
+                    where, paths = (REPO, None) if side == "collection" else (tree, collections)
+                    run = deploy(lab, hosts, where, paths)
                 assert run.proc.returncode == 0, run.output
                 bench.sample(
                     round=round_number,
@@ -100,7 +127,7 @@ def measure(bench, lab, cases: list, tree: Path, collections, label: str) -> Non
                     set=label,
                     start=run.start,
                     stop=run.stop,
-                    up_to_date="up to date" in run.proc.stdout,
+                    up_to_date=side == "ping" or "up to date" in run.proc.stdout,
                 )
 
 
@@ -112,7 +139,13 @@ class Load:
     """LOAD_CLIENTS streaming clients through the gateway (tests/e2e/loadgen.py's requests) until stopped."""
 
     def __init__(self, url: str):
-        self.settings = loadgen.LoadSettings(url, concurrency=LOAD_CLIENTS, duration=3600, max_new_tokens=64)
+        self.settings = loadgen.LoadSettings(
+            url,
+            concurrency=LOAD_CLIENTS,
+            duration=3600,
+            max_new_tokens=LOAD_TOKENS,
+            timeout=LOAD_TOKENS * TOKEN_LATENCY_MS / 1000 + 120,
+        )
         self.records = []
         self.stopping = threading.Event()
         self.lock = threading.Lock()
@@ -135,7 +168,7 @@ class Load:
     def __exit__(self, *exc):
         self.stopping.set()
         for thread in self.threads:
-            thread.join(timeout=120)
+            thread.join(timeout=self.settings.timeout + 10)
 
     def compact(self, since: float) -> list:
         """Every request since ``since`` as "START END OUTCOME" (ms from ``since``; ok, failed or truncated): the raw
@@ -170,7 +203,7 @@ def rolling_deploy(lab, bench_name: str) -> None:
     engine_vars = {
         "sglang_service_host": "0.0.0.0",
         "sglang_service_tp_size": 1,
-        "sglang_service_extra_args": ["--enable-metrics", "--sim-token-latency-ms", "10"],
+        "sglang_service_extra_args": ["--enable-metrics", "--sim-token-latency-ms", str(TOKEN_LATENCY_MS)],
     }
     environment = dict(lab_group_vars().get("sglang_service_environment", {}))
     bench = Recorder(
@@ -181,11 +214,14 @@ def rolling_deploy(lab, bench_name: str) -> None:
             "gateway_host": gateway_host,
             "gateway_var": GATEWAY_VAR,
             "clients": LOAD_CLIENTS,
-            "max_new_tokens": 64,
+            "max_new_tokens": LOAD_TOKENS,
+            "token_latency_ms": TOKEN_LATENCY_MS,
+            "without_drains": WITHOUT_DRAINS,
             "steady_s": STEADY_S,
             "deploy_batch": 1,
             "engine": engine_vars,
-            "without": "the same deploy.yml with no gateway list in the inventory: the plain rolling restart",
+            "without": "the same deploy.yml with no gateway list and a stop budget shorter than a request: "
+            "the plain rolling restart",
             "harness_check_only": not gateway_drain_declared(),
         },
     )
@@ -195,16 +231,16 @@ def rolling_deploy(lab, bench_name: str) -> None:
         role = apply_gateway_role(lab, gateway_host)
         assert role.returncode == 0, role.stdout[-4000:]
     for round_number in range(RUNS):
-        for side, gateways in in_turn(round_number, [("with_drain", [gateway]), ("without_drain", None)]):
+        sides = [("with_drain", {GATEWAY_VAR: [gateway]}), ("without_drain", WITHOUT_DRAINS)]
+        for side, settings in in_turn(round_number, sides):
             with bench.part(f"round {round_number + 1}: {side}"):
                 register(lab, gateway_host, gateway, [worker_url(addresses[host]) for host in engines])
                 variables = dict(
                     engine_vars,
+                    **settings,
                     deploy_batch=1,
                     sglang_service_environment=environment | {"BENCH_DEPLOY": f"{round_number}-{side}"},
                 )
-                if gateways:
-                    variables[GATEWAY_VAR] = gateways
                 with Load(gateway) as load:
                     began = time.time()
                     load.stopping.wait(STEADY_S)  # the steady phase is a measured window, not a wait for a state

@@ -1,8 +1,10 @@
 """Benchmark of playbooks/spec_sweep.yml (``make bench``; not run by ``make test``).
 
 Per round, side by side: the whole sweep playbook on one host, the same grid and requests as operators run it
-without the collection (tests/bench/operator/spec_loop.sh, after SGLang's bench_speculative.py) on a plain unit of
-the same engine, and the whole sweep playbook on three hosts. The engine's own time comes from systemd (when it
+without the collection on a plain unit of the same engine (tests/bench/operator/spec_loop.sh, a lean loop, and
+tests/bench/operator/bench_speculative.sh, SGLang's own scripts/playground/bench_speculative.py step for step: a
+server per batch size and point, /health_generate every 10 s, 5 s after each), and the whole sweep playbook on
+three hosts. The engine's own time comes from systemd (when it
 forked the engine's main process) and the engine's log (its "ready" line), and from the plain client's timing of the
 same requests; nothing of the collection is in it. Every sample goes to docs/performance/<run>/sweep.json.
 """
@@ -196,6 +198,14 @@ def operator_loop(lab, _swept: list, loop_host: str, _results_dir: Path) -> dict
     return {"start": lines[0]["start"], "stop": lines[-1]["stop"], "points": lines}
 
 
+def bench_speculative(lab, _swept: list, loop_host: str, _results_dir: Path) -> dict:
+    command = f"{BENCH_DIR}/bench_speculative.sh {OPERATOR_UNIT} {URL} {BENCH_DIR}/requests.json " + " ".join(
+        map(str, STEPS)
+    )
+    lines = [json.loads(line) for line in sh(lab, loop_host, command, timeout=3600).splitlines() if line[:1] == "{"]
+    return {"start": lines[0]["start"], "stop": lines[-1]["stop"], "points": lines}
+
+
 def three_host_sweep(lab, swept: list, _loop_host: str, results_dir: Path) -> dict:
     run, results, _loads = run_sweep(lab, swept, results_dir)
     return {"start": run.start, "stop": run.stop, "statuses": statuses(results), "sweep_timing": results.get("timing")}
@@ -228,6 +238,9 @@ def test_bench_sweep_against_a_bench_speculative_loop_and_three_hosts(four_hosts
             },
             "hosts": {"one_host": swept[:1], "three_hosts": swept, "operator": loop_host},
             "operator_script": "tests/bench/operator/spec_loop.sh with tests/bench/operator/plain_bench.py",
+            "operator_poll_s": 0.1,
+            "bench_speculative_script": "tests/bench/operator/bench_speculative.sh with tests/bench/operator/"
+            "plain_bench.py",
             "stability_window_s": {
                 "points": POINT_WINDOW_S,
                 "final_restore": role_default("sglang_service_probe_stability_window"),
@@ -244,7 +257,12 @@ def test_bench_sweep_against_a_bench_speculative_loop_and_three_hosts(four_hosts
             "engine",
             json.dumps({"collection": engine_of(lab, swept[0]), "operator": engine_of(lab, loop_host, OPERATOR_UNIT)}),
         )
-    parts = {"one_host": one_host_sweep, "operator": operator_loop, "three_hosts": three_host_sweep}
+    parts = {
+        "one_host": one_host_sweep,
+        "operator": operator_loop,
+        "bench_speculative": bench_speculative,
+        "three_hosts": three_host_sweep,
+    }
     for round_number in range(RUNS):
         for side in in_turn(round_number, list(parts)):
             with bench.part(f"round {round_number + 1}: {side}"):

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# A restart as operators script it without the collection: restart the unit, then ask /health once a second
-# until it answers 200 (a unit that fails instead ends the script). Prints the wall-clock start and stop of that
-# work: "START STOP".
+# A restart as operators script it without the collection: restart the unit, then ask /health until it answers
+# 200 (a unit that fails instead ends the script). It asks every 0.1 s, as often as the restart chain looks, so that
+# neither side gains or loses by when it happens to look. Prints the wall-clock start and stop of that work:
+# "START STOP".
 #   restart.sh UNIT URL [TIMEOUT_S]
 set -u
 unit=$1 url=$2 timeout=${3:-900}
@@ -27,6 +28,6 @@ until healthy; do
     echo "no /health 200 within ${timeout} s" >&2
     exit 1
   fi
-  sleep 1
+  sleep 0.1
 done
 echo "$start $(date +%s.%N)"

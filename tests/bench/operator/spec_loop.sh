@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
-# A speculative sweep as operators run it without the collection, point by point as SGLang's
-# scripts/playground/bench_speculative.py does (relaunch with the point's flags, wait until the server is ready,
-# send the benchmark requests), on a plain unit: rewrite the point's flags in the unit's ExecStart, restart, ask
-# /health once a second until 200, run plain_bench.py; at the end put the original unit back, restart and wait
-# again. bench_speculative.py itself waits longer per point (it asks /health_generate every 10 s and sleeps 5 s
-# after each point); this loop does not, so the comparison is the stricter one.
+# A speculative sweep as operators run it without the collection, point by point (relaunch with the point's flags,
+# wait until the server is ready, send the benchmark requests), the lean way, on a plain unit: rewrite the point's
+# flags in the unit's ExecStart, restart, ask /health every 0.1 s (as often as the restart chain looks) until 200,
+# run plain_bench.py; at the end put the original unit back, restart and wait again. SGLang's own
+# bench_speculative.py waits longer per point and loads a point once per batch size (bench_speculative.sh).
 # Prints one JSON line per point, then one for the restore, each with its wall-clock start, ready and stop.
 #   spec_loop.sh UNIT URL REQUESTS_JSON STEPS...
 set -eu
@@ -31,7 +30,7 @@ restart_and_wait() {
     if systemctl is-failed --quiet "$unit" || ((SECONDS - began > 900)); then
       return 1
     fi
-    sleep 1
+    sleep 0.1
   done
 }
 
