@@ -673,9 +673,6 @@ def slope(points: list) -> float:
     return sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / sum((x - mean_x) ** 2 for x in xs)
 
 
-FLEET_SIZES = (1, 6, 12)
-
-
 def noop_figures(data: dict) -> list:
     scaling = [s for s in data["samples"] if s["set"] == "this commit at 1, 6 and 12 hosts"]
     versus = [s for s in data["samples"] if s["set"] != "this commit at 1, 6 and 12 hosts"]
@@ -716,7 +713,8 @@ def noop_figures(data: dict) -> list:
                 "worker",
             )
         )
-    ping = {"side": "ping", "hosts": max(FLEET_SIZES)}
+    largest = max(data["settings"]["sizes"])
+    ping = {"side": "ping", "hosts": largest}
     figures += [
         Figure(
             "noop_marginal",
@@ -731,13 +729,13 @@ def noop_figures(data: dict) -> list:
         ),
         Figure(
             "noop_floor",
-            f"No-op deploy on {max(FLEET_SIZES)} hosts / a play of one ping on them",
+            f"No-op deploy on {largest} hosts / a play of one ping on them",
             "playbooks/deploy.yml on an up-to-date fleet against the least any playbook costs on the same hosts "
             "(tests/e2e/playbooks/bench_ping.yml: `ansible all -m ping` as a play), alternating in each run; forks "
             "at least the number of hosts",
             "the deploy's wall time (process start to exit)",
             "the ping play's wall time (the same)",
-            paired(scaled, {"side": "collection", "hosts": max(FLEET_SIZES)}, ping),
+            paired(scaled, {"side": "collection", "hosts": largest}, ping),
             "",
             "<= 2",
             at_most(2.0),

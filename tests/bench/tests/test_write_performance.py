@@ -270,7 +270,7 @@ def test_the_noop_deploy_is_compared_with_a_ping_play_on_the_same_hosts():
         for hosts in (1, 6, 12)
         for seconds in [3.0 + per_host * hosts if side == "collection" else 2.0 + per_host * hosts]
     ]
-    data = benchmark("noop_deploy", {"baseline_commit": "d" * 40}, samples)
+    data = benchmark("noop_deploy", {"baseline_commit": "d" * 40, "sizes": [1, 6, 12]}, samples)
     figures = {figure.key: figure for figure in write_performance.noop_figures(data)}
     assert figures["noop_floor"].values == pytest.approx([9.0 / 5.0]) and figures["noop_floor"].met is True
     assert figures["noop_marginal"].values == pytest.approx([0.5])
