@@ -140,6 +140,8 @@ class Engine:
         self._decoding = 0  # requests past their prefill: the running batch the scheduler reports
         self._decode_ct = 0.0
         self._decode_ct_at = time.monotonic()
+        # sglang:realtime_tokens_total by mode: prefill tokens at each prefill, the batch's tokens at every decode step.
+        self._realtime = {"prefill_compute": 0.0, "prefill_cache": 0.0, "decode": 0.0}
         self.last_receive_wall = time.time()  # TokenizerManager.last_receive_tstamp (for the health log)
         self._seen_prompts: OrderedDict = OrderedDict()
         self._seen_lock = threading.Lock()
@@ -176,10 +178,21 @@ class Engine:
             return
         step_s = self.config.token_latency_s * self._step_cost(self._running)
         before = int(self._decode_ct)
-        self._decode_ct = self._decode_ct + elapsed / step_s if step_s > 0 else before + 1.0
+        steps = elapsed / step_s if step_s > 0 else 1.0
+        self._decode_ct = self._decode_ct + steps
+        if self.mode == NORMAL:  # a stalled batch steps without generating
+            self._realtime["decode"] += steps * self._decoding * (self.mean_accept_length or 1.0)
         interval = max(1, self.config.decode_log_interval)
         if int(self._decode_ct) // interval > before // interval:
             self._published = (self._decoding, len(self._waiting))
+
+    def realtime_tokens(self) -> dict:
+        """sglang:realtime_tokens_total by mode, as the scheduler counts them (metrics_reporter.py: every prefill
+        batch and every decode step); frozen while the scheduler is stuck. Each running request counts the mean
+        accept length of a speculative step, one token of a plain one."""
+        with self._cond:
+            self._count_decode_steps()
+            return {mode: int(count) for mode, count in self._realtime.items()}
 
     def health_ack_at(self) -> float | None:
         """When a health check sent now gets its answer from the scheduler (monotonic time), or None: never.
@@ -428,6 +441,8 @@ class Engine:
             while time.monotonic() < prefill_end:
                 self._wait(prefill_end)
             self._count_decode_steps()
+            self._realtime["prefill_compute"] += request.prompt_tokens - cached
+            self._realtime["prefill_cache"] += cached
             self._decoding += 1  # merged into the running batch after its prefill
             phase["decoding"] = True
             clock = prefill_end

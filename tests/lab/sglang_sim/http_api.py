@@ -240,6 +240,7 @@ class Handler(BaseHTTPRequestHandler):
             spec_draft_tokens=spec.num_draft_tokens,
             max_total_num_tokens=self.state.max_total_num_tokens,
             used_tokens=0,
+            realtime_tokens=self.state.engine.realtime_tokens(),
         )
         self._send(200, body.encode(), "text/plain; version=0.0.4; charset=utf-8")
 

@@ -140,6 +140,7 @@ def render(
     spec_draft_tokens: int | None,
     max_total_num_tokens: int,
     used_tokens: int,
+    realtime_tokens: dict | None = None,
 ) -> str:
     scheduler = {"model_name": model_name, "engine_type": "unified", "tp_rank": "0", "pp_rank": "0", "moe_ep_rank": "0"}
     tokenizer = {"model_name": model_name, "engine_type": "unified"}
@@ -196,6 +197,15 @@ def render(
             "Currently active speculative_num_draft_tokens.",
             [("", sched, spec_draft_tokens or 0)],
         )
+    # A labelled counter has no sample until it first grows.
+    _metric(
+        lines,
+        "sglang:realtime_tokens_total",
+        "counter",
+        "Total number of tokens processed (updated on each log interval). "
+        "mode: prefill_compute, prefill_cache, decode.",
+        [("", _labels(scheduler, mode=mode), count) for mode, count in (realtime_tokens or {}).items() if count],
+    )
     tok = _labels(tokenizer)
     _metric(
         lines,

@@ -289,6 +289,24 @@ def test_a_short_decode_log_interval_publishes_sooner(start):
     worker.join(30)
 
 
+def test_realtime_tokens_grow_at_every_decode_step_while_generation_tokens_wait_for_the_end(start):
+    """SGLang counts realtime_tokens_total{mode="decode"} at every decode step (metrics_reporter.py,
+    report_decode_stats), generation_tokens_total only when a request finishes: a slow request shows progress in
+    the first, not the second."""
+    sim = start("--enable-metrics", "--sim-token-latency-ms", "50", "--decode-log-interval", "40", *FAST)
+    generated = metric(sim, "sglang:generation_tokens_total")  # the warm-up's
+    result: dict = {}
+    worker = threading.Thread(target=stream, args=(sim, 100, result, "r"))
+    worker.start()
+    assert wait_for(lambda: "r:first" in result)
+    decoded = metric(sim, "sglang:realtime_tokens_total")
+    assert wait_for(lambda: metric(sim, "sglang:realtime_tokens_total") >= decoded + 5, timeout=3)
+    assert metric(sim, "sglang:generation_tokens_total") == generated
+    worker.join(30)
+    assert result["r"] == (200, 100, 100, True)
+    assert metric(sim, "sglang:generation_tokens_total") == generated + 100
+
+
 # -- faults that stop progress -------------------------------------------------------------------------------
 def test_hang_after_requests_serves_n_generations_then_hangs(start):
     sim = start("--sim-fault", "hang-after-requests=3", "--enable-metrics", *FAST)
