@@ -162,6 +162,44 @@ def chain_step_lines(data: dict, match: dict) -> list:
     return [f"the chain's steps as the module timed them (medians of {len(runs)} runs): {shown}"]
 
 
+def checked_restart_over_ssh(data, load, chain, same_gate, bound) -> list:
+    """The chain against ``ssh host restart_checked.sh``: both timed on the controller; none in runs without it."""
+    checked = {"side": "operator_checked_ssh", "load_s": load}
+    if not samples(data, **checked):
+        return []
+    serving = paired(data, same_gate, checked, lambda a, b: a["seconds"] - (b["serving"] - b["start"]))
+    return [
+        Figure(
+            f"restart_{load:g}s_checked_ssh",
+            f"Restart at {load:g} s simulated load: the role's chain / `ssh host restart_checked.sh`",
+            "the role's restart chain against the checked script run from the controller as an operator runs it, "
+            "alternating in each run",
+            "the chain's task wall time (as above)",
+            "`ssh host restart_checked.sh`, process start to exit on the controller",
+            paired(data, chain, checked),
+            "",
+            f"<= {bound}" if bound else "none",
+            at_most(bound) if bound else (lambda stats, values: None),
+            [f"over ssh {show(seconds(data, **checked), ' s')}", *failures(data, **checked)],
+            "as above, less the SSH connection both sides now pay",
+        ),
+        Figure(
+            f"restart_{load:g}s_serving_ssh",
+            f"Restart at {load:g} s simulated load: time to serving, the role's chain minus `ssh host "
+            "restart_checked.sh`",
+            "the role's chain with window 0 s against the checked script over ssh up to its generation's answer",
+            "the chain's task wall time with window 0 s",
+            "from the start of `ssh host restart_checked.sh` on the controller to the end of its generation",
+            serving,
+            " s",
+            f"<= {SERVING_TARGET_S:g} s",
+            at_most(SERVING_TARGET_S),
+            [],
+            "as above: SGLang's own drain on the stop, which looks every 5 s",
+        ),
+    ]
+
+
 def checked_restart_figures(data, load, chain, checked, same_gate, bound, window_s) -> list:
     """The chain against the operator's script with the chain's checks: the verdict (whole restart, window and all)
     and the time to serving (restart to the first good generation; the chain run with window 0 s)."""
@@ -295,6 +333,7 @@ def restart_figures(data: dict) -> list:
             )
         )
         figures += checked_restart_figures(data, load, chain, checked, same_gate, bound, window_s)
+        figures += checked_restart_over_ssh(data, load, chain, same_gate, bound)
         figures.append(
             Figure(
                 f"restart_{load:g}s_baseline",
@@ -322,41 +361,54 @@ def restart_figures(data: dict) -> list:
 
 def reap_figures(data: dict) -> list:
     grace = data["settings"]["grace_s"]
-    beyond = paired(
-        data,
-        {"side": "collection"},
-        {"side": "operator"},
-        lambda reap, operator: reap["seconds"] - grace - operator["release_lag_s"],
-    )
+    collection, operator = {"side": "collection"}, {"side": "operator"}
+    module = paired(data, collection, operator, lambda reap, script: reap.get("module_elapsed_s") - script["seconds"])
+    beyond = paired(data, collection, operator, lambda reap, script: reap["seconds"] - grace - script["release_lag_s"])
     ansible = seconds(data, side="ansible_task")
-    lag = spread([s["release_lag_s"] for s in samples(data, side="operator")])
-    module = spread([s.get("module_elapsed_s") for s in samples(data, side="collection")])
+    lag = spread([s["release_lag_s"] for s in samples(data, **operator)])
+    script = (
+        "an operator's script (tests/bench/operator/reap.sh: SIGTERM, sleep grace, SIGKILL, watch nvidia-smi every "
+        "0.02 s until the memory is back)"
+    )
     return [
         Figure(
-            "reap",
-            "Reap: the nvidia_reap task beyond `grace` and the GPU's release lag",
-            "nvidia_reap on a holder of 2000 MiB that ignores SIGTERM, against the lab's own release lag measured "
-            "in the same run by an operator's script (tests/bench/operator/reap.sh: SIGTERM, sleep grace, SIGKILL, "
-            "watch nvidia-smi every 0.02 s until the memory is back)",
-            "the Reap task's wall time in a one-play playbook (tests/e2e/playbooks/bench_tasks.yml), from its start "
-            "on the host to its result on the controller (bench_timer), Ansible's per-task cost included, after the "
-            "module's first use in the same play",
-            f"`grace` ({grace:g} s) + the release lag (SIGKILL to memory back, from the operator's script)",
-            beyond,
+            "reap_module",
+            "Reap: the nvidia_reap module's own cost beyond the operator's script on the host",
+            f"nvidia_reap on a holder of 2000 MiB that ignores SIGTERM, against {script} on the same kind of holder, "
+            "in the same run",
+            "the module's own elapsed_s (on the host, from its start to its result)",
+            "the script's wall time on the host",
+            module,
             " s",
-            "<= 0.3 s",
+            "<= 0.2 s",
+            at_most(0.2),
+            [
+                f"the script {show(seconds(data, **operator), ' s')}, of which the GPU's release lag "
+                f"{show(lag, ' s')} after `grace` ({grace:g} s)",
+                f"the task beyond `grace` and the release lag: {show(spread(beyond), ' s')}",
+            ],
+            "the module lists the GPU's processes before and after, and checks each holder's identity before it "
+            "signals it",
+        ),
+        Figure(
+            "reap_task_vs_ssh",
+            "Reap: the nvidia_reap task beyond `ssh host reap.sh`",
+            f"the Ansible task against {script} run from the controller as `ssh host reap.sh`, in the same run",
+            "the Reap task's wall time in a one-play playbook (tests/e2e/playbooks/bench_tasks.yml, bench_timer: "
+            "start on the host to the result on the controller), after the module's first use in the same play",
+            "`ssh host reap.sh`, process start to exit on the controller",
+            paired(data, collection, {"side": "operator_ssh"}, lambda a, b: a["seconds"] - b["seconds"]),
+            " s",
+            "<= +0.3 s",
             at_most(0.3),
             [
-                f"reap task {show(seconds(data, side='collection'), ' s')}; the operator's script "
-                f"{show(seconds(data, side='operator'), ' s')}; release lag {show(lag, ' s')}",
-                f"Ansible's own cost of a task (a ping in the same play) {show(ansible, ' s')}; the module's own "
-                f"elapsed_s {show(module, ' s')}",
+                f"reap task {show(seconds(data, **collection), ' s')}; `ssh host reap.sh` "
+                f"{show(seconds(data, side='operator_ssh'), ' s')}; Ansible's own cost of a task (a ping in the same "
+                f"play) {show(ansible, ' s')}",
                 *first_use_context(data, "nvidia_reap", "in check mode"),
             ],
-            f"Ansible's own cost of one task on this machine ({num(ansible and ansible['median'], ' s')} for a "
-            "ping: the SSH round trip, the module's transfer and Python start-up on the host) is counted in the "
-            "figure as the issue defines it",
-        )
+            "Ansible's task start-up on the controller and its module transfer beyond one SSH command",
+        ),
     ]
 
 
@@ -373,31 +425,50 @@ def first_use_context(data: dict, module: str, how: str) -> list:
 
 
 def probe_figures(data: dict) -> list:
-    beyond = paired(data, {"side": "collection"}, {"side": "operator"}, lambda a, b: a["seconds"] - b["seconds"])
+    collection, operator = {"side": "collection"}, {"side": "operator"}
+    module = paired(data, collection, operator, lambda probe, plain: probe.get("module_elapsed_s") - plain["seconds"])
     ansible = seconds(data, side="ansible_task")
+    request = (
+        "the probe's own generation request (its prompt, 32 tokens, streamed to `data: [DONE]`) sent by a plain client"
+    )
     return [
         Figure(
-            "probe",
-            "Probe: the sglang_probe task beyond its own generation request",
-            "the full probe (unit, GPU memory, health, model, a 32-token generation) against the same generation "
-            "request sent by a plain client on the host in the same run",
-            "the Probe task's wall time (tests/e2e/playbooks/bench_tasks.yml, bench_timer: start on the host to the "
-            "result on the controller), Ansible's per-task cost included, after the module's first use in the same "
-            "play",
-            "the plain client's streamed /generate of the probe's prompt and length, request to `data: [DONE]`",
-            beyond,
+            "probe_module",
+            "Probe: the sglang_probe module's own cost beyond its generation request",
+            f"the full probe (unit, GPU memory, health, model, a 32-token generation) against {request} on the host, "
+            "in the same run",
+            "the module's own elapsed_s (on the host)",
+            "the plain client's request on the host",
+            module,
             " s",
-            "<= 0.8 s",
-            at_most(0.8),
+            "<= 0.2 s",
+            at_most(0.2),
             [
-                f"probe task {show(seconds(data, side='collection'), ' s')}; plain generation "
-                f"{show(seconds(data, side='operator'), ' s')}; Ansible's own cost of a task (ping) "
+                f"the task beyond the request on the host: "
+                f"{show(spread(paired(data, collection, operator, lambda a, b: a['seconds'] - b['seconds'])), ' s')}; "
+                f"plain generation {show(seconds(data, **operator), ' s')}",
+            ],
+            "the tiers before the generation: systemctl, the GPU listing, /health, /model_info",
+        ),
+        Figure(
+            "probe_task_vs_ssh",
+            "Probe: the sglang_probe task beyond `ssh host` and its generation request",
+            f"the Ansible task against {request} as `ssh host python3 -` from the controller, in the same run",
+            "the Probe task's wall time (tests/e2e/playbooks/bench_tasks.yml, bench_timer: start on the host to the "
+            "result on the controller), after the module's first use in the same play",
+            "`ssh host python3 -` with the request, process start to exit on the controller",
+            paired(data, collection, {"side": "operator_ssh"}, lambda a, b: a["seconds"] - b["seconds"]),
+            " s",
+            "<= +0.3 s",
+            at_most(0.3),
+            [
+                f"probe task {show(seconds(data, **collection), ' s')}; over ssh "
+                f"{show(seconds(data, side='operator_ssh'), ' s')}; Ansible's own cost of a task (ping) "
                 f"{show(ansible, ' s')}",
                 *first_use_context(data, "sglang_probe", "with the unit tier alone"),
             ],
-            f"Ansible's own cost of a task ({num(ansible and ansible['median'], ' s')}) plus the tiers before the "
-            "generation (systemctl, the GPU listing, /health, /model_info)",
-        )
+            "the probe's tiers before the generation, and Ansible's task start-up beyond one SSH command",
+        ),
     ]
 
 
@@ -458,6 +529,42 @@ def progress_figures(data: dict) -> list:
                 f"{show(seconds(data, side='unit_tier'), ' s')}"
             ],
             "the scrapes of /metrics every 0.5 s and the last one after the window",
+        ),
+    ]
+
+
+def progress_slow_figures(data: dict) -> list:
+    settings = data["settings"]
+    window, rate = settings["window_s"], settings["tokens_per_s"]
+    probes = samples(data, side="collection") + samples(data, side="tier")
+    rounds = sorted({s["round"] for s in probes})
+    hung = [sum(1 for s in probes if s["round"] == r and s.get("hung")) for r in rounds]
+    operator = samples(data, side="operator")
+    statuses = ", ".join(sorted({str(s.get("status")) for s in operator})) or "none"
+    other = sorted(
+        {f"{s['failed_tier']}: {s.get('reason')}" for s in probes if s.get("failed_tier") not in (None, "progress")}
+    )
+    return [
+        Figure(
+            "progress_slow",
+            "Progress tier: hang verdicts on a slow engine",
+            f"the full probe and the progress tier alone (progress_window {window:g} s) on an engine that decodes "
+            f"{rate:g} tokens per second while {settings['busy_clients']} long requests run: slow, but progressing",
+            "the probes of each run that named the engine hung (failed tier progress)",
+            "none: a slow engine that progresses is no hang, so the target is 0 in every run",
+            hung,
+            "",
+            "0 in every run",
+            lambda stats, values: max(values) == 0,
+            [
+                f"probes per run: {len(probes) // max(len(rounds), 1)}; full probe task "
+                f"{show(seconds(data, side='collection'), ' s')}, progress tier alone "
+                f"{show(seconds(data, side='tier'), ' s')}",
+                f"the operator's `curl -m 5 /health_generate` on the same engine answered {statuses} after "
+                f"{show(seconds(data, side='operator'), ' s')}",
+                *(f"a probe failed another tier: {line}" for line in other),
+            ],
+            "a hang verdict on this engine would be a false alarm",
         ),
     ]
 
@@ -873,7 +980,12 @@ BENCHMARKS = {
     "restart": ("Restart", restart_figures, "tests/e2e/test_bench.py -k restart"),
     "reap": ("Reap", reap_figures, "tests/e2e/test_bench.py -k reap"),
     "probe": ("Probe", probe_figures, "tests/e2e/test_bench.py -k probe"),
-    "progress": ("Progress tier", progress_figures, "tests/e2e/test_bench.py -k progress"),
+    "progress": ("Progress tier", progress_figures, "tests/e2e/test_bench.py -k hung_engine"),
+    "progress_slow": (
+        "Progress tier on a slow engine",
+        progress_slow_figures,
+        "tests/e2e/test_bench.py -k slow_engine",
+    ),
     "sweep": ("Speculative sweep", sweep_figures, "tests/e2e/test_bench_sweep.py"),
     "noop_deploy": ("No-op deploy", noop_figures, "tests/e2e/test_bench_fleet.py -k noop"),
     "rolling_deploy": ("Rolling deploy under load", rolling_figures, "tests/e2e/test_bench_fleet.py -k rolling"),

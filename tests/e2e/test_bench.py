@@ -1,4 +1,5 @@
-"""Benchmarks of one host's operations (``make bench``; not run by ``make test``): restart, reap, probe, progress tier.
+"""Benchmarks of one host's operations (``make bench``; not run by ``make test``): restart, reap, probe, progress tier
+(on a hung engine and on a slow one).
 
 Each one measures the collection side by side with the way the job is done without it, in rounds that alternate the
 sides, and records every sample with benchdata (docs/performance/<run>/<benchmark>.json). No target is asserted
@@ -32,6 +33,7 @@ from benchdata import (
     in_turn,
     install_operator_unit,
     operator_restart,
+    over_ssh,
     push_operator_scripts,
     timed_playbook,
 )
@@ -96,6 +98,7 @@ def test_bench_restart_chain_against_systemctl_restart_and_a_health_loop(restart
             "inventory": "tests/lab/inventory (the baseline side: that commit's own tests/lab/inventory)",
             "operator_script": "tests/bench/operator/restart.sh",
             "operator_checked_script": "tests/bench/operator/restart_checked.sh",
+            "operator_checked_ssh": "the checked script as `ssh host restart_checked.sh` from the controller",
             "operator_poll_s": OPERATOR_POLL_S,
             "same_gate": BASELINE_GATE,
             "stability_window_s": role_default("sglang_service_probe_stability_window"),
@@ -127,13 +130,17 @@ def test_bench_restart_chain_against_systemctl_restart_and_a_health_loop(restart
             with bench.part(f"round {round_number + 1}, {load:g} s load"):
                 variables = engine_vars(load)
                 common = {"round": round_number, "load_s": load}
-                sides_of_round = ["collection", "operator", "operator_checked", "baseline", "same_gate"]
+                sides_of_round = [
+                    "collection", "operator", "operator_checked", "operator_checked_ssh", "baseline", "same_gate"
+                ]  # fmt: skip
                 for side in in_turn(round_number, sides_of_round):
-                    host = hosts[{"same_gate": "collection", "operator_checked": "operator"}.get(side, side)]
+                    host = hosts[
+                        "operator" if side.startswith("operator") else {"same_gate": "collection"}.get(side, side)
+                    ]
                     if side == "operator":
                         fields = operator_restart(lab, host)
-                    elif side == "operator_checked":
-                        fields = operator_restart(lab, host, "restart_checked.sh", window)
+                    elif side.startswith("operator_checked"):
+                        fields = operator_restart(lab, host, "restart_checked.sh", window, ssh=side.endswith("_ssh"))
                     elif side == "collection":
                         fields = chain_restart(lab, host, variables, tmp_path)
                     elif side == "same_gate":
@@ -198,6 +205,7 @@ def test_bench_reap_against_kill_sleep_kill_and_watching_nvidia_smi(one_host, tm
             "grace_s": REAP_GRACE,
             "holder_mib": 2000,
             "operator_script": "tests/bench/operator/reap.sh",
+            "operator_ssh": "the same script as `ssh host reap.sh` from the controller",
             "operator_poll_s": 0.02,
             "gpu_baseline_mib": baseline_mib,
             "release_lag_ms_file": sh(lab, host, "cat /var/lib/simgpu/release_lag_ms 2>/dev/null || echo none").strip(),
@@ -211,6 +219,9 @@ def test_bench_reap_against_kill_sleep_kill_and_watching_nvidia_smi(one_host, tm
             bench.sample(
                 round=round_number, side="operator", start=start, stop=stop, killed=killed, release_lag_s=stop - killed
             )
+            pid = start_holder(lab, host)
+            began, ended, proc = over_ssh(lab, host, f"{BENCH_DIR}/reap.sh {pid} {REAP_GRACE:g} 0 {baseline_mib} 0.02")
+            bench.sample(round=round_number, side="operator_ssh", start=began, stop=ended, ok=proc.returncode == 0)
             pid = start_holder(lab, host)
             reap = {"pids": [pid], "grace": REAP_GRACE, "timeout": 30}
             run, results = run_tasks(lab, host, tmp_path, bench_reap=reap)
@@ -246,6 +257,13 @@ def plain_generation(lab, host: str, prompt: str, tokens: int) -> dict:
     return json.loads(sh(lab, host, f"python3 - {shlex.quote(prompt)} {tokens} <<'EOF'\n{GENERATE_SCRIPT}\nEOF"))
 
 
+def plain_generation_over_ssh(lab, host: str, prompt: str, tokens: int) -> dict:
+    """The same request as ``ssh host python3 -`` from the controller, timed there."""
+    began, ended, proc = over_ssh(lab, host, f"python3 - {shlex.quote(prompt)} {tokens}", stdin=GENERATE_SCRIPT)
+    done = proc.returncode == 0 and json.loads(proc.stdout)["done"]
+    return {"start": began, "stop": ended, "ok": done}
+
+
 def test_bench_probe_against_its_own_generation_request(one_host, tmp_path):
     """Per round: the probe's generation sent by a plain client, then the sglang_probe task beside a ping task."""
     lab = one_host
@@ -264,6 +282,9 @@ def test_bench_probe_against_its_own_generation_request(one_host, tmp_path):
                 start=generation["start"],
                 stop=generation["stop"],
                 ok=generation["done"],
+            )
+            bench.sample(
+                round=round_number, side="operator_ssh", **plain_generation_over_ssh(lab, host, prompt, tokens)
             )
             run, results = run_tasks(lab, host, tmp_path, bench_probe=probe)
             bench.sample(round=round_number, side="first_use", **task_interval(run, "First use of sglang_probe", host))
@@ -410,4 +431,110 @@ def test_bench_progress_tier_on_a_hung_engine(one_host, tmp_path):
                 )
     finally:
         sh(lab, host, "pkill -f '[s]tuck.py'; true")
+    bench.finish()
+
+
+SLOW_UNIT = """\
+[Unit]
+Description=An engine that decodes {tokens_per_s:g} tokens per second
+[Service]
+Environment={path}
+ExecStart=/opt/sglang/venv/bin/python -m sglang_sim.launch_server --model-path {model} --tp-size 1 --port 30000 \
+ --enable-metrics --sim-load-time 0.5 --sim-warmup-time 0.2 --sim-token-latency-ms {latency_ms:g}
+"""
+# Requests that outlast the benchmark: at 2 tokens per second each takes about 2000 s.
+SLOW_CLIENTS = """
+import http.client, json, threading, time
+def busy():
+    deadline = time.monotonic() + 900
+    while time.monotonic() < deadline:
+        connection = http.client.HTTPConnection("127.0.0.1", 30000, timeout=900)
+        params = {"max_new_tokens": 4000, "ignore_eos": True}
+        body = {"text": "a request that decodes slowly", "sampling_params": params}
+        try:
+            connection.request("POST", "/generate", json.dumps(body), {"Content-Type": "application/json"})
+            connection.getresponse().read()
+        except OSError:
+            time.sleep(0.2)
+threads = [threading.Thread(target=busy) for _ in range(4)]
+[thread.start() for thread in threads]
+[thread.join() for thread in threads]
+"""
+SLOW_TOKENS_PER_S = 2.0
+# `curl -s -m 5 /health_generate` (the lab's hosts have no curl; urllib asks the same way).
+OPERATOR_HEALTH_GENERATE = """
+import json, time, urllib.error, urllib.request
+start = time.time()
+try:
+    status = urllib.request.urlopen("http://127.0.0.1:30000/health_generate", timeout=5).status
+except urllib.error.HTTPError as exc:
+    status = exc.code
+except OSError as exc:
+    status = "timed out" if "timed out" in str(exc) else str(exc)[:80]
+print(json.dumps({"start": start, "stop": time.time(), "status": status}))
+"""
+
+
+def test_bench_progress_tier_on_a_slow_engine(one_host, tmp_path):
+    """Per round: an operator's `curl -m 5 /health_generate`, then the full probe with the progress tier and the
+    progress tier alone, on an engine that decodes 2 tokens per second while 4 requests run: a slow engine that
+    progresses is no hang."""
+    lab = one_host
+    host = lab.hosts[0]
+    unit = "t-bench-slow.service"
+    latency_ms = 1000.0 / SLOW_TOKENS_PER_S
+    settings = {"window_s": PROGRESS_WINDOW, "tokens_per_s": SLOW_TOKENS_PER_S, "busy_clients": 4}
+    bench = Recorder("progress_slow", lab, settings)
+    text = SLOW_UNIT.format(tokens_per_s=SLOW_TOKENS_PER_S, latency_ms=latency_ms, model=MODEL, path=SERVICE_PATH)
+    install_unit(lab, host, unit, text)
+    try:
+        sh(lab, host, f"systemctl start {unit}")
+        wait_ready(lab, host, timeout=60)
+        sh(
+            lab,
+            host,
+            f"cat > /run/slow.py <<'EOF'\n{SLOW_CLIENTS}\nEOF\n"
+            "(timeout 900 python3 /run/slow.py) </dev/null >/dev/null 2>&1 &",
+        )
+        # The scheduler's gauges say so only at its next stats log (every 40 decode steps: 20 s at this rate).
+        sh(lab, host, f"python3 - <<'EOF'\n{HELD}\nEOF", timeout=90)
+        full = {
+            "unit": unit,
+            "tp_size": 1,
+            "url": URL,
+            "progress_window": PROGRESS_WINDOW,
+            "generate_timeout": 60,
+            "fail_on_unhealthy": False,
+        }
+        alone = {"unit": unit, "tp_size": 1, "url": URL, "fail_on_unhealthy": False}
+        for round_number in range(RUNS):
+            with bench.part(f"round {round_number + 1}"):
+                health = json.loads(sh(lab, host, f"python3 - <<'EOF'\n{OPERATOR_HEALTH_GENERATE}\nEOF", timeout=30))
+                bench.sample(
+                    round=round_number, side="operator", start=health["start"], stop=health["stop"],
+                    status=health["status"],
+                )  # fmt: skip
+                run, results = run_tasks(
+                    lab,
+                    host,
+                    tmp_path,
+                    bench_probe=full,
+                    bench_progress=alone | {"tiers": ["progress"], "progress_window": PROGRESS_WINDOW},
+                )
+                for name, key, side in (
+                    ("Probe", "probe", "collection"),
+                    ("Probe the progress tier alone", "progress", "tier"),
+                ):
+                    result = results[key]
+                    bench.sample(
+                        round=round_number,
+                        side=side,
+                        **task_interval(run, name, host),
+                        healthy=result.get("healthy"),
+                        failed_tier=result.get("failed_tier"),
+                        reason=str(result.get("reason", ""))[:300],
+                        hung=result.get("failed_tier") == "progress",
+                    )
+    finally:
+        sh(lab, host, "pkill -f '[s]low.py'; true")
     bench.finish()

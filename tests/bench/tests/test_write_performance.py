@@ -275,3 +275,73 @@ def test_the_noop_deploy_is_compared_with_a_ping_play_on_the_same_hosts():
     assert figures["noop_floor"].values == pytest.approx([9.0 / 5.0]) and figures["noop_floor"].met is True
     assert figures["noop_marginal"].values == pytest.approx([0.5])
     assert figures["noop_marginal_floor"].values == pytest.approx([2.0]) and figures["noop_marginal_floor"].met is False
+
+
+def slow_probe(round_number: int, side: str, failed_tier=None) -> dict:
+    return {"round": round_number, "side": side, "start": 0.0, "stop": 6.0, "seconds": 6.0, "reason": "",
+            "healthy": failed_tier is None, "failed_tier": failed_tier, "hung": failed_tier == "progress"}  # fmt: skip
+
+
+def test_a_hang_verdict_on_the_slow_engine_in_any_run_misses_the_target():
+    settings = {"window_s": 5.0, "tokens_per_s": 2.0, "busy_clients": 4}
+    samples = []
+    for round_number in range(3):
+        samples += [
+            {"round": round_number, "side": "operator", "start": 0.0, "stop": 1.2, "seconds": 1.2, "status": "200"},
+            slow_probe(round_number, "collection"),
+            slow_probe(round_number, "tier"),
+        ]
+    (figure,) = write_performance.progress_slow_figures(benchmark("progress_slow", settings, samples))
+    assert figure.values == [0, 0, 0] and figure.met is True
+    assert "decodes 2 tokens per second" in figure.compares
+    assert any("answered 200 after 1.20 s" in line for line in figure.context), figure.context
+
+    samples[-1] = slow_probe(2, "tier", failed_tier="progress")
+    (figure,) = write_performance.progress_slow_figures(benchmark("progress_slow", settings, samples))
+    assert figure.values == [0, 0, 1] and figure.met is False
+
+
+def test_the_restart_is_compared_with_the_checked_script_over_ssh_when_the_run_has_it():
+    settings = {"loads_s": [5.0], "baseline_commit": "d" * 40}
+    keys = {
+        figure.key for figure in write_performance.restart_figures(benchmark("restart", settings, restart_samples()))
+    }
+    assert "restart_5s_checked" in keys and "restart_5s_checked_ssh" not in keys
+    # ssh restart_checked.sh from the controller: 11.5 s, serving 6.5 s after the ssh began; the chain at window 0: 7 s
+    samples = restart_samples()
+    for round_number in range(3):
+        common = {"round": round_number, "load_s": 5.0, "ok": True}
+        samples += [
+            common | {"side": "operator_checked_ssh", "seconds": 11.5, "start": 100.0, "serving": 106.5},
+            common | {"side": "same_gate", "seconds": 7.0},
+        ]
+    figures = {f.key: f for f in write_performance.restart_figures(benchmark("restart", settings, samples))}
+    assert figures["restart_5s_checked_ssh"].values == pytest.approx([11 / 11.5, 12 / 11.5, 13 / 11.5])
+    assert figures["restart_5s_serving_ssh"].values == pytest.approx([0.5, 0.5, 0.5])
+    assert figures["restart_5s_serving_ssh"].met is True
+
+
+def test_reap_and_probe_are_compared_with_the_operators_script_on_the_host_and_over_ssh():
+    reap, probe = [], []
+    for round_number in range(3):
+        common = {"round": round_number}
+        reap += [
+            common | {"side": "operator", "seconds": 2.4, "release_lag_s": 0.4},
+            common | {"side": "operator_ssh", "seconds": 2.6, "ok": True},
+            common | {"side": "collection", "seconds": 2.9, "module_elapsed_s": 2.5 + round_number / 10, "ok": True},
+            common | {"side": "ansible_task", "seconds": 0.4},
+        ]
+        probe += [
+            common | {"side": "operator", "seconds": 0.5, "ok": True},
+            common | {"side": "operator_ssh", "seconds": 0.7, "ok": True},
+            common | {"side": "collection", "seconds": 1.1, "module_elapsed_s": 0.6, "ok": True},
+        ]
+    figures = {f.key: f for f in write_performance.reap_figures(benchmark("reap", {"grace_s": 2.0}, reap))}
+    assert figures["reap_module"].values == pytest.approx([0.1, 0.2, 0.3])
+    assert figures["reap_module"].met == write_performance.INCONCLUSIVE
+    assert figures["reap_task_vs_ssh"].values == pytest.approx([0.3, 0.3, 0.3])
+    assert figures["reap_task_vs_ssh"].met is True
+    figures = {f.key: f for f in write_performance.probe_figures(benchmark("probe", {}, probe))}
+    assert figures["probe_module"].values == pytest.approx([0.1, 0.1, 0.1]) and figures["probe_module"].met is True
+    assert figures["probe_task_vs_ssh"].values == pytest.approx([0.4, 0.4, 0.4])
+    assert figures["probe_task_vs_ssh"].met is False
