@@ -236,20 +236,26 @@ def cmd_status(args) -> int:
     return 0
 
 
+def exec_argv(name: str, host: str, argv: list) -> list:
+    """The command line that runs ``argv`` inside a lab host (what ``lab exec`` runs), for callers that run many
+    commands and would rather not start this CLI for each."""
+    data = LabState(name).load()
+    entry = next((h for h in data.get("hosts", []) if h["name"] == host), None)
+    if entry is None:
+        known = ", ".join(h["name"] for h in data.get("hosts", [])) or "none"
+        raise LabError(f"no host {host!r} in lab {name} (hosts: {known})")
+    init_pid = hosts.container_init(entry["nspawn_pid"])
+    if init_pid is None:
+        raise LabError(f"host {host} is not running")
+    return ["nsenter", "-t", str(init_pid), "-a", "--", *HOST_ENV, *argv]
+
+
 def cmd_exec(args) -> int:
     require_root()
     argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     if not argv:
         raise LabError("exec needs a command after --")
-    data = LabState(args.name).load()
-    entry = next((h for h in data.get("hosts", []) if h["name"] == args.host), None)
-    if entry is None:
-        known = ", ".join(h["name"] for h in data.get("hosts", [])) or "none"
-        raise LabError(f"no host {args.host!r} in lab {args.name} (hosts: {known})")
-    init_pid = hosts.container_init(entry["nspawn_pid"])
-    if init_pid is None:
-        raise LabError(f"host {args.host} is not running")
-    os.execvp("nsenter", ["nsenter", "-t", str(init_pid), "-a", "--", *HOST_ENV, *argv])
+    os.execvp("nsenter", exec_argv(args.name, args.host, argv))
     return 127
 
 
