@@ -122,7 +122,7 @@ demo: deps venv collection-link ## Boot a 3-host lab, deploy to it, print a prob
 demo-down: venv ## Remove the demo lab
 	$(LAB) down --name $(DEMO_LAB)
 
-bench: deps venv collection-link ## Benchmarks on a 12-host lab (3 runs, about 80 min): raw data to docs/performance/, then docs/performance.md
+bench: deps venv collection-link ## Benchmarks on a 12-host lab (3 runs, about 100 min): raw data to docs/performance/, then docs/performance.md
 	@run=$$(date -u +%Y%m%dT%H%M%SZ); status=0; \
 	LLMOPS_BENCH_RUN=$$run LLMOPS_LAB_NAME=$(BENCH_LAB) LLMOPS_LAB_HOSTS=12 \
 	  $(PYTHON) -m pytest -q -s -p no:cacheprovider --durations 0 -m bench \

@@ -3,14 +3,15 @@
 Per round, side by side: the whole sweep playbook on one host, the same grid and requests as operators run it
 without the collection on a plain unit of the same engine (tests/bench/operator/spec_loop.sh, a lean loop, and
 tests/bench/operator/bench_speculative.sh, SGLang's own scripts/playground/bench_speculative.py step for step: a
-server per batch size and point, /health_generate every 10 s, 5 s after each), and the whole sweep playbook on
-three hosts. The engine's own time comes from systemd (when it
-forked the engine's main process) and the engine's log (its "ready" line), and from the plain client's timing of the
-same requests; nothing of the collection is in it. Every sample goes to docs/performance/<run>/sweep.json.
+server per batch size and point, /health_generate every 10 s, 5 s after each), the whole sweep playbook on
+three hosts, and a scaling pair of 12 points on one host and on three. The engine's own time comes from systemd
+(when it forked the engine's main process) and the engine's log (its "ready" line), and from the plain client's
+timing of the same requests; nothing of the collection is in it. Every sample goes to docs/performance/<run>/sweep.json.
 """
 
 from __future__ import annotations
 
+import configparser
 import json
 import os
 import runpy
@@ -41,6 +42,10 @@ pytestmark = pytest.mark.bench
 
 PLAYBOOK = REPO / "playbooks" / "spec_sweep.yml"
 STEPS = [int(value) for value in os.environ.get("LLMOPS_BENCH_SWEEP_STEPS", "1,2,3,4,5,6").split(",")]
+# The scaling pair: enough points that three hosts take four each.
+SCALING_STEPS = [
+    int(value) for value in os.environ.get("LLMOPS_BENCH_SCALING_STEPS", "1,2,3,4,5,6,7,8,9,10,11,12").split(",")
+]
 LOAD_S = os.environ.get("LLMOPS_BENCH_SWEEP_LOAD_S", "5")
 LEVELS = [int(value) for value in os.environ.get("LLMOPS_BENCH_SWEEP_LEVELS", "1,4").split(",")]
 # Per level max(num_prompts, concurrency) requests, as sglang_bench sends them.
@@ -63,6 +68,9 @@ ROLE_VARS = {
         "0.2",
         "--sim-token-latency-ms",
         "10",
+        # Half the default draft memory, so that the scaling pair's deepest points (12 steps) still load.
+        "--sim-mem-overhead-mib-per-draft-token",
+        "600",
     ],
 }
 FORK_WATCH = """
@@ -100,17 +108,24 @@ def requests_spec() -> dict:
     }
 
 
-def sweep_vars(hosts: str, results_dir: Path) -> dict:
+def sweep_vars(hosts: str, results_dir: Path, steps: list = STEPS) -> dict:
     return dict(
         ROLE_VARS,
         sweep_hosts=hosts,
-        sweep_steps=STEPS,
+        sweep_steps=steps,
         sweep_concurrency=LEVELS,
         sweep_bench=BENCH,
         sweep_results_dir=str(results_dir),
         sweep_stability_window=POINT_WINDOW_S,
         **SIZING,
     )
+
+
+def ansible_forks() -> int:
+    """The forks of the playbook runs (tests/e2e/ansible.cfg): at least the hosts swept at once."""
+    config = configparser.ConfigParser()
+    config.read(REPO / "tests" / "e2e" / "ansible.cfg")
+    return config.getint("defaults", "forks")
 
 
 def engine_loads(lab, host: str, since: float) -> list:
@@ -126,7 +141,7 @@ def engine_loads(lab, host: str, since: float) -> list:
     return loads
 
 
-def run_sweep(lab, hosts: list, results_dir: Path) -> tuple:
+def run_sweep(lab, hosts: list, results_dir: Path, steps: list = STEPS) -> tuple:
     """The whole playbook, with the fork watcher on the first host; returns (Timed, results, engine loads)."""
     watched = hosts[0]
     sh(
@@ -138,7 +153,7 @@ def run_sweep(lab, hosts: list, results_dir: Path) -> tuple:
     since = time.time()
     try:
         run = timed_playbook(
-            lab, PLAYBOOK, sweep_vars(",".join(hosts), results_dir), inventories=(LAB_INVENTORY,), timeout=1800
+            lab, PLAYBOOK, sweep_vars(",".join(hosts), results_dir, steps), inventories=(LAB_INVENTORY,), timeout=1800
         )
     finally:
         sh(lab, watched, "pkill -f '[f]ork_watch.py'; true")
@@ -211,6 +226,16 @@ def three_host_sweep(lab, swept: list, _loop_host: str, results_dir: Path) -> di
     return {"start": run.start, "stop": run.stop, "statuses": statuses(results), "sweep_timing": results.get("timing")}
 
 
+def scaling_one_host(lab, swept: list, _loop_host: str, results_dir: Path) -> dict:
+    run, results, _loads = run_sweep(lab, swept[:1], results_dir, SCALING_STEPS)
+    return {"start": run.start, "stop": run.stop, "statuses": statuses(results)}
+
+
+def scaling_three_hosts(lab, swept: list, _loop_host: str, results_dir: Path) -> dict:
+    run, results, _loads = run_sweep(lab, swept, results_dir, SCALING_STEPS)
+    return {"start": run.start, "stop": run.stop, "statuses": statuses(results)}
+
+
 @pytest.fixture
 def four_hosts(lab):
     """3 hosts for the sweep, 1 for the operator's loop."""
@@ -237,6 +262,7 @@ def test_bench_sweep_against_a_bench_speculative_loop_and_three_hosts(four_hosts
                 "per_level": [len(level["prompts"]) for level in spec["levels"]],
             },
             "hosts": {"one_host": swept[:1], "three_hosts": swept, "operator": loop_host},
+            "scaling": {"steps": SCALING_STEPS, "hosts": len(swept), "forks": ansible_forks()},
             "operator_script": "tests/bench/operator/spec_loop.sh with tests/bench/operator/plain_bench.py",
             "operator_poll_s": 0.1,
             "bench_speculative_script": "tests/bench/operator/bench_speculative.sh with tests/bench/operator/"
@@ -262,6 +288,8 @@ def test_bench_sweep_against_a_bench_speculative_loop_and_three_hosts(four_hosts
         "operator": operator_loop,
         "bench_speculative": bench_speculative,
         "three_hosts": three_host_sweep,
+        "scaling_one_host": scaling_one_host,
+        "scaling_three_hosts": scaling_three_hosts,
     }
     for round_number in range(RUNS):
         for side in in_turn(round_number, list(parts)):

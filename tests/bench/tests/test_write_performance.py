@@ -345,3 +345,19 @@ def test_reap_and_probe_are_compared_with_the_operators_script_on_the_host_and_o
     assert figures["probe_module"].values == pytest.approx([0.1, 0.1, 0.1]) and figures["probe_module"].met is True
     assert figures["probe_task_vs_ssh"].values == pytest.approx([0.4, 0.4, 0.4])
     assert figures["probe_task_vs_ssh"].met is False
+
+
+def test_the_sweep_scaling_is_a_share_of_the_bound_for_its_points_and_hosts():
+    settings = {"scaling": {"steps": list(range(1, 13)), "hosts": 3, "forks": 16}}
+    samples = []
+    for round_number, three in enumerate((100.0, 110.0, 130.0)):
+        samples += [
+            {"round": round_number, "side": "scaling_one_host", "seconds": 260.0},
+            {"round": round_number, "side": "scaling_three_hosts", "seconds": three},
+        ]
+    assert write_performance.scaling_bound(12, 3) == pytest.approx(2.6)
+    (figure,) = write_performance.sweep_scaling_figures(benchmark("sweep", settings, samples))
+    assert figure.values == pytest.approx([1.0, 260 / 110 / 2.6, 2 / 2.6])
+    assert figure.met == write_performance.INCONCLUSIVE  # 0.91 and 1.0 meet 0.85, 0.77 does not
+    (figure,) = write_performance.sweep_scaling_figures(benchmark("sweep", {}, []))
+    assert figure.stats is None and "12 points on 3 hosts" in figure.title
