@@ -162,6 +162,11 @@ def chain_step_lines(data: dict, match: dict) -> list:
     return [f"the chain's steps as the module timed them (medians of {len(runs)} runs): {shown}"]
 
 
+def target_at_most(bound: float | None) -> tuple:
+    """A Figure's target and verdict for an upper bound, or none where there is no bound."""
+    return (f"<= {bound}", at_most(bound)) if bound else ("none", lambda stats, values: None)
+
+
 def checked_restart_over_ssh(data, load, chain, same_gate, bound) -> list:
     """The chain against ``ssh host restart_checked.sh``: both timed on the controller; none in runs without it."""
     checked = {"side": "operator_checked_ssh", "load_s": load}
@@ -178,8 +183,7 @@ def checked_restart_over_ssh(data, load, chain, same_gate, bound) -> list:
             "`ssh host restart_checked.sh`, process start to exit on the controller",
             paired(data, chain, checked),
             "",
-            f"<= {bound}" if bound else "none",
-            at_most(bound) if bound else (lambda stats, values: None),
+            *target_at_most(bound),
             [f"over ssh {show(seconds(data, **checked), ' s')}", *failures(data, **checked)],
             "as above, less the SSH connection both sides now pay",
         ),
@@ -228,8 +232,7 @@ def checked_restart_figures(data, load, chain, checked, same_gate, bound, window
             "the checked script's wall time on the host",
             paired(data, chain, checked),
             "",
-            f"<= {bound}" if bound else "none",
-            at_most(bound) if bound else (lambda stats, values: None),
+            *target_at_most(bound),
             [
                 f"the stability window: {window_s:g} s on both sides",
                 f"chain {show(seconds(data, **chain), ' s')}; checked script {show(script, ' s')}",

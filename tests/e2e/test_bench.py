@@ -345,17 +345,77 @@ while time.monotonic() < deadline:
     time.sleep(0.1)
 sys.exit("the hung engine never held a stuck request")
 """
-OPERATOR_HEALTH = """
+# One GET as an operator's `curl -s -m TIMEOUT` sends it (the lab's hosts have no curl; urllib asks the same way).
+OPERATOR_GET = """
 import json, time, urllib.error, urllib.request
 start = time.time()
 try:
-    status = urllib.request.urlopen("http://127.0.0.1:30000/health", timeout=60).status
+    status = urllib.request.urlopen("http://127.0.0.1:30000{path}", timeout={timeout}).status
 except urllib.error.HTTPError as exc:
     status = exc.code
-except OSError:
-    status = None
-print(json.dumps({"start": start, "stop": time.time(), "status": status}))
+except OSError as exc:
+    status = "timed out" if "timed out" in str(exc) else None
+print(json.dumps({{"start": start, "stop": time.time(), "status": status}}))
 """
+
+
+def start_busy_engine(lab, host: str, unit: str, unit_text: str, clients: str, name: str, seconds: int) -> None:
+    """Start ``unit`` and wait until it is ready, then run ``clients`` on the host in the background (at most
+    ``seconds``) until the scheduler's gauges hold a request.
+
+    Ready first: a request that arrives during the warm-up hangs the warm-up too, and the engine that never became
+    ready answers /health 503 at once; the benchmarks are of engines that serve."""
+    install_unit(lab, host, unit, unit_text)
+    sh(lab, host, f"systemctl start {unit}")
+    wait_ready(lab, host, timeout=60)
+    sh(
+        lab,
+        host,
+        f"cat > /run/{name}.py <<'EOF'\n{clients}\nEOF\n"
+        f"(timeout {seconds} python3 /run/{name}.py) </dev/null >/dev/null 2>&1 &",
+    )
+    sh(lab, host, f"python3 - <<'EOF'\n{HELD}\nEOF", timeout=90)
+
+
+def progress_tasks(unit: str) -> dict:
+    """bench_tasks.yml's probes of ``unit``: the full probe with the progress tier, each tier alone."""
+    alone = {"unit": unit, "tp_size": 1, "url": URL, "fail_on_unhealthy": False}
+    return {
+        "bench_probe": alone | {"progress_window": PROGRESS_WINDOW, "generate_timeout": 60},
+        "bench_progress": alone | {"tiers": ["progress"], "progress_window": PROGRESS_WINDOW},
+        "bench_unit_tier": alone | {"tiers": ["unit"]},
+    }
+
+
+def operator_get(lab, host: str, path: str, timeout: float) -> dict:
+    get = OPERATOR_GET.format(path=path, timeout=timeout)
+    return json.loads(sh(lab, host, f"python3 - <<'EOF'\n{get}\nEOF", timeout=timeout + 30))
+
+
+# bench_tasks.yml's probe tasks: the task's name and the sample's side, by the key of its result.
+PROBE_TASKS = {
+    "probe": ("Probe", "collection"),
+    "progress": ("Probe the progress tier alone", "tier"),
+    "unit_tier": ("Probe the unit tier alone", "unit_tier"),
+}
+
+
+def sample_probes(bench, run, results: dict, host: str, round_number: int, keys: tuple, named_hang: str) -> None:
+    """One sample per probe task of ``keys``; the field ``named_hang`` says whether it named the engine hung."""
+    for key in keys:
+        name, side = PROBE_TASKS[key]
+        result = results[key]
+        bench.sample(
+            round=round_number,
+            side=side,
+            **task_interval(run, name, host),
+            healthy=result.get("healthy"),
+            failed_tier=result.get("failed_tier"),
+            state=result.get("state"),
+            module_elapsed_s=result.get("elapsed_s"),
+            reason=str(result.get("reason", ""))[:300],
+            **{named_hang: result.get("failed_tier") == "progress"},
+        )
 
 
 def test_bench_progress_tier_on_a_hung_engine(one_host, tmp_path):
@@ -365,31 +425,13 @@ def test_bench_progress_tier_on_a_hung_engine(one_host, tmp_path):
     host = lab.hosts[0]
     unit = "t-bench-hang.service"
     bench = Recorder("progress", lab, {"window_s": PROGRESS_WINDOW, "fault": HANG_FAULT, "stuck_clients": 4})
-    install_unit(lab, host, unit, HANG_UNIT.format(model=MODEL, fault=HANG_FAULT, path=SERVICE_PATH))
     try:
-        sh(lab, host, f"systemctl start {unit}")
-        # Ready first: a request that arrives during the warm-up hangs the warm-up too, and the engine that never
-        # became ready answers /health 503 at once; the benchmark is of an engine that hangs once it serves.
-        wait_ready(lab, host, timeout=60)
-        sh(
-            lab,
-            host,
-            f"cat > /run/stuck.py <<'EOF'\n{STUCK_CLIENTS}\nEOF\n"
-            "(timeout 600 python3 /run/stuck.py) </dev/null >/dev/null 2>&1 &",
-        )
-        sh(lab, host, f"python3 - <<'EOF'\n{HELD}\nEOF", timeout=90)
-        full = {
-            "unit": unit,
-            "tp_size": 1,
-            "url": URL,
-            "progress_window": PROGRESS_WINDOW,
-            "generate_timeout": 60,
-            "fail_on_unhealthy": False,
-        }
-        alone = {"unit": unit, "tp_size": 1, "url": URL, "fail_on_unhealthy": False}
+        unit_text = HANG_UNIT.format(model=MODEL, fault=HANG_FAULT, path=SERVICE_PATH)
+        start_busy_engine(lab, host, unit, unit_text, STUCK_CLIENTS, "stuck", 600)
+        tasks = progress_tasks(unit)
         for round_number in range(RUNS):
             with bench.part(f"round {round_number + 1}"):
-                health = json.loads(sh(lab, host, f"python3 - <<'EOF'\n{OPERATOR_HEALTH}\nEOF", timeout=90))
+                health = operator_get(lab, host, "/health", 60)
                 bench.sample(
                     round=round_number,
                     side="operator",
@@ -398,31 +440,8 @@ def test_bench_progress_tier_on_a_hung_engine(one_host, tmp_path):
                     status=health["status"],
                     detected=health["status"] != 200,
                 )
-                run, results = run_tasks(
-                    lab,
-                    host,
-                    tmp_path,
-                    bench_probe=full,
-                    bench_progress=alone | {"tiers": ["progress"], "progress_window": PROGRESS_WINDOW},
-                    bench_unit_tier=alone | {"tiers": ["unit"]},
-                )
-                for name, key, side in (
-                    ("Probe", "probe", "collection"),
-                    ("Probe the progress tier alone", "progress", "tier"),
-                    ("Probe the unit tier alone", "unit_tier", "unit_tier"),
-                ):
-                    result = results[key]
-                    bench.sample(
-                        round=round_number,
-                        side=side,
-                        **task_interval(run, name, host),
-                        healthy=result.get("healthy"),
-                        failed_tier=result.get("failed_tier"),
-                        state=result.get("state"),
-                        module_elapsed_s=result.get("elapsed_s"),
-                        reason=str(result.get("reason", ""))[:300],
-                        detected=result.get("failed_tier") == "progress",
-                    )
+                run, results = run_tasks(lab, host, tmp_path, **tasks)
+                sample_probes(bench, run, results, host, round_number, ("probe", "progress", "unit_tier"), "detected")
                 bench.sample(
                     round=round_number, side="ansible_task", **task_interval(run, "Ansible's own cost of a task", host)
                 )
@@ -461,18 +480,6 @@ threads = [threading.Thread(target=busy) for _ in range(4)]
 [thread.join() for thread in threads]
 """
 SLOW_TOKENS_PER_S = 2.0
-# `curl -s -m 5 /health_generate` (the lab's hosts have no curl; urllib asks the same way).
-OPERATOR_HEALTH_GENERATE = """
-import json, time, urllib.error, urllib.request
-start = time.time()
-try:
-    status = urllib.request.urlopen("http://127.0.0.1:30000/health_generate", timeout=5).status
-except urllib.error.HTTPError as exc:
-    status = exc.code
-except OSError as exc:
-    status = "timed out" if "timed out" in str(exc) else str(exc)[:80]
-print(json.dumps({"start": start, "stop": time.time(), "status": status}))
-"""
 
 
 def test_bench_progress_tier_on_a_slow_engine(one_host, tmp_path):
@@ -486,55 +493,20 @@ def test_bench_progress_tier_on_a_slow_engine(one_host, tmp_path):
     settings = {"window_s": PROGRESS_WINDOW, "tokens_per_s": SLOW_TOKENS_PER_S, "busy_clients": 4}
     bench = Recorder("progress_slow", lab, settings)
     text = SLOW_UNIT.format(tokens_per_s=SLOW_TOKENS_PER_S, latency_ms=latency_ms, model=MODEL, path=SERVICE_PATH)
-    install_unit(lab, host, unit, text)
     try:
-        sh(lab, host, f"systemctl start {unit}")
-        wait_ready(lab, host, timeout=60)
-        sh(
-            lab,
-            host,
-            f"cat > /run/slow.py <<'EOF'\n{SLOW_CLIENTS}\nEOF\n"
-            "(timeout 900 python3 /run/slow.py) </dev/null >/dev/null 2>&1 &",
-        )
-        # The scheduler's gauges say so only at its next stats log (every 40 decode steps: 20 s at this rate).
-        sh(lab, host, f"python3 - <<'EOF'\n{HELD}\nEOF", timeout=90)
-        full = {
-            "unit": unit,
-            "tp_size": 1,
-            "url": URL,
-            "progress_window": PROGRESS_WINDOW,
-            "generate_timeout": 60,
-            "fail_on_unhealthy": False,
-        }
-        alone = {"unit": unit, "tp_size": 1, "url": URL, "fail_on_unhealthy": False}
+        # The scheduler's gauges show the requests only at its next stats log (every 40 decode steps: 20 s here).
+        start_busy_engine(lab, host, unit, text, SLOW_CLIENTS, "slow", 900)
+        tasks = progress_tasks(unit)
+        del tasks["bench_unit_tier"]
         for round_number in range(RUNS):
             with bench.part(f"round {round_number + 1}"):
-                health = json.loads(sh(lab, host, f"python3 - <<'EOF'\n{OPERATOR_HEALTH_GENERATE}\nEOF", timeout=30))
+                health = operator_get(lab, host, "/health_generate", 5)
                 bench.sample(
                     round=round_number, side="operator", start=health["start"], stop=health["stop"],
                     status=health["status"],
                 )  # fmt: skip
-                run, results = run_tasks(
-                    lab,
-                    host,
-                    tmp_path,
-                    bench_probe=full,
-                    bench_progress=alone | {"tiers": ["progress"], "progress_window": PROGRESS_WINDOW},
-                )
-                for name, key, side in (
-                    ("Probe", "probe", "collection"),
-                    ("Probe the progress tier alone", "progress", "tier"),
-                ):
-                    result = results[key]
-                    bench.sample(
-                        round=round_number,
-                        side=side,
-                        **task_interval(run, name, host),
-                        healthy=result.get("healthy"),
-                        failed_tier=result.get("failed_tier"),
-                        reason=str(result.get("reason", ""))[:300],
-                        hung=result.get("failed_tier") == "progress",
-                    )
+                run, results = run_tasks(lab, host, tmp_path, **tasks)
+                sample_probes(bench, run, results, host, round_number, ("probe", "progress"), "hung")
     finally:
         sh(lab, host, "pkill -f '[s]low.py'; true")
     bench.finish()
