@@ -387,9 +387,10 @@ def operator_restart(lab, host: str, script: str = "restart.sh", *args, ssh: boo
     if proc.returncode != 0:
         return {"start": began, "stop": time.time(), "ok": False, "error": (proc.stdout + proc.stderr)[-1500:]}
     times = [float(value) for value in proc.stdout.split()]
-    fields = {"start": times[0], "stop": times[-1], "ok": True}
     if ssh:
         fields = {"start": began, "stop": ended, "host_start": times[0], "host_stop": times[-1], "ok": True}
+    else:
+        fields = {"start": times[0], "stop": times[-1], "ok": True}
     if len(times) == 3:
         fields["serving"] = times[1]
     return fields
