@@ -111,9 +111,9 @@ class Store:
                 continue
             link.settimeout(None)
             self.links.append(link)
+        self.formed.set()  # before any rank hears "go": a rank that returned from join() finds the group formed
         for link in self.links:
             link.sendall(GO)
-        self.formed.set()
         self._watch()
 
     def _watch(self) -> None:
