@@ -495,7 +495,7 @@ def spec_server(start, steps: int, gpu: str) -> Sim:
         "--speculative-eagle-topk",
         "1",
         "--sim-token-latency-ms",
-        "4",
+        "10",
         "--sim-noise",
         "0",
         *FAST,
@@ -519,11 +519,14 @@ def throughput(sim: Sim, concurrency: int, tokens: int = 64) -> float:
 
 
 def test_the_best_step_count_falls_as_the_batch_grows(start):
-    four, two = spec_server(start, 4, "0"), spec_server(start, 2, "1")
-    single = {"4": throughput(four, 1), "2": throughput(two, 1)}
-    batch = {"4": throughput(four, 32), "2": throughput(two, 32)}
-    assert single["4"] > single["2"], single
-    assert batch["2"] > batch["4"], batch
+    # Measured by the wall clock, so the two servers differ by about 20 % either way (specmodel: 6 steps give 1.22x
+    # the tokens of 1 step alone and 0.82x in a batch of 32), far more than a busy machine's jitter; the best step
+    # count itself (4 alone, 2 at 32) is checked on the model in test_sglang_sim.py.
+    deep, shallow = spec_server(start, 6, "0"), spec_server(start, 1, "1")
+    single = {"6": throughput(deep, 1), "1": throughput(shallow, 1)}
+    batch = {"6": throughput(deep, 32), "1": throughput(shallow, 32)}
+    assert single["6"] > single["1"], single
+    assert batch["1"] > batch["6"], batch
 
 
 def test_requests_beyond_max_running_requests_wait_in_the_queue(start):
