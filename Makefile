@@ -48,7 +48,9 @@ $(STAMP): requirements.txt
 
 collection-link: ## Make the checkout importable as ansible_collections.llmops.inference
 	@mkdir -p $(COLLECTIONS)/ansible_collections/llmops
-	@ln -sfn $(CURDIR) $(COLLECTIONS)/ansible_collections/llmops/inference
+	@# unchanged when right: the parts that run side by side each ask for it
+	@[ "$$(readlink $(COLLECTIONS)/ansible_collections/llmops/inference)" = $(CURDIR) ] \
+	  || ln -sfn $(CURDIR) $(COLLECTIONS)/ansible_collections/llmops/inference
 
 ruff: venv
 	$(BIN)/ruff check .
@@ -88,18 +90,14 @@ molecule: deps venv collection-link ## Molecule scenarios on lab hosts (root); M
 	cd extensions && $(PYTHON) molecule_all.py --workers $(MOLECULE_WORKERS) --shared-lab $(MOLECULE_LAB) \
 	  --molecule $(BIN)/molecule
 
-TEST_PARTS := lint sanity units docs ee e2e molecule
+# lint, sanity, units, docs and ee run side by side (none keeps two cores busy alone); e2e and molecule one after
+# the other (each does). What the side-by-side parts share is installed before they start.
+TEST_SIDE_BY_SIDE := lint sanity units docs ee
+TEST_ONE_BY_ONE   := e2e molecule
 
-test: deps venv ## Everything CI runs, every part even after one failed; each part's result and duration at the end
-	@summary=""; status=0; \
-	for part in $(TEST_PARTS); do \
-	  start=$$(date +%s); rc=0; \
-	  $(MAKE) --no-print-directory -f $(firstword $(MAKEFILE_LIST)) $$part || rc=$$?; \
-	  if [ $$rc = 0 ]; then result=passed; else result="FAILED (exit $$rc)"; status=1; fi; \
-	  summary="$$summary$$(printf '  %-10s %5d s  %s' $$part $$(( $$(date +%s) - start )) "$$result")\n"; \
-	done; \
-	printf 'make test, each part:\n%b' "$$summary"; \
-	[ $$status = 0 ] && echo 'make test: passed' || echo 'make test: FAILED'; exit $$status
+test: deps venv collection-link lab-wheels docs-venv ## Everything CI runs, every part even after one failed; each part's result and duration at the end
+	$(PYTHON) tests/run_parts.py --make "$(MAKE) -f $(firstword $(MAKEFILE_LIST))" --logs $(CURDIR)/build/test-logs \
+	  --side-by-side $(TEST_SIDE_BY_SIDE) --one-by-one $(TEST_ONE_BY_ONE)
 
 lab-image: deps venv ## Build (or reuse) the cached lab rootfs
 	$(LAB) image

@@ -208,7 +208,7 @@ def test_health_generates_by_default_and_takes_a_second(start):
 def test_health_without_generation_answers_at_once(start):
     sim = start(*FAST, env={"SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "false"})
     status, took = timed_get(sim, "/health")
-    assert status == 200 and took < 0.5
+    assert status == 200 and took < 0.95  # below the generation's 1 s tick: a busy machine's slowness is no failure
     assert timed_get(sim, "/health_generate")[1] >= 0.95  # the env only concerns /health
 
 

@@ -315,11 +315,9 @@ def test_a_hanging_server_costs_one_request_timeout_with_stop_on_failure(server)
         url=server.url, num_prompts=6, concurrency=2, warmup_requests=0, repeats=3, request_timeout=0.4,
         stop_on_failure=True,
     ).validate()  # fmt: skip
-    started = time.monotonic()
     result = run_benchmark(settings, lambda: StreamingBenchClient(settings.url))
-    elapsed = time.monotonic() - started
     # without stopping: 3 runs x 3 waves x 0.4 s; stopping: the first wave's two requests time out together
-    assert elapsed < 1.5, elapsed
+    assert server.paths().count("/generate") == 2
     assert (result["failed_requests"], result["unsent_requests"], result["stopped_early"]) == (2, 4 + 2 * 6, True)
     assert len(result["runs"]) == 1
     assert "0.4 s" in result["errors"][0]["error"]
