@@ -223,7 +223,7 @@ def test_health_is_503_while_starting(start):
     )
     sim.wait_listening()
     status, took = timed_get(sim, "/health")
-    assert status == 503 and took < 0.5
+    assert status == 503 and took < 0.95  # at once: no generation's 1 s tick
 
 
 def test_health_fails_after_its_timeout_when_generation_is_stuck(start):

@@ -445,7 +445,7 @@ def test_wait_returns_soon_after_the_server_becomes_ready(server):
     returned = time.monotonic()
     assert result["healthy"] is True
     assert returned - ready_at < MAX_POLL_INTERVAL + SLOW_DAY_S  # the next poll, not the wait's end (30 s)
-    assert 1.0 <= result["waited_s"] <= 2.1
+    assert 1.0 <= result["waited_s"] < 1.5 + MAX_POLL_INTERVAL + SLOW_DAY_S
     assert result["attempts"] >= 3
 
 
@@ -581,7 +581,7 @@ def test_the_tiers_before_progress_count_towards_its_window(server):
     assert script.calls == 1 + 14, "the opening scrape, then one every 0.5 s of the 7 s left"
 
 
-def test_progress_tier_detects_a_hang_within_the_window_plus_a_fraction_of_a_second(server):
+def test_progress_tier_names_a_hang_when_its_window_ends_not_at_a_request_timeout(server):
     server.routes["/metrics"] = json_route(metrics_text(running=2, queued=1, generated=10))
     probe = make_probe(server, tiers=["progress"], progress_window=0.6)
     started = time.monotonic()

@@ -565,7 +565,7 @@ def test_parse_options_defaults():
     assert (options.kill_timeout, options.unaccounted_threshold_mib, options.fail_on_unreapable) == (10.0, 1024, True)
 
 
-def test_real_sigterm_ignoring_process_is_reaped_within_grace_plus_half_a_second():
+def test_real_sigterm_ignoring_process_is_reaped_after_its_grace_not_the_default():
     child = subprocess.Popen(
         [sys.executable, "-c", IGNORE_SIGTERM],
         stdout=subprocess.PIPE,
