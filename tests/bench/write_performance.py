@@ -948,6 +948,13 @@ def rolling_phases(sample: dict) -> dict:
     return {"failed": failed, "steady_p99": percentile(steady, 0.99), "deploy_p99": percentile(during, 0.99)}
 
 
+def in_flight_at_stops(rounds: list) -> str:
+    """The requests running on the engines when the deploy's stops began (their journals), per run; "" for data
+    that does not hold them."""
+    counts = [sum(sum(looks) for looks in s["in_flight_at_stop"].values()) for s in rounds if "in_flight_at_stop" in s]
+    return f"; requests in flight at its stops, per run: {', '.join(map(str, counts))}" if counts else ""
+
+
 def rolling_figures(data: dict) -> list:
     settings = data["settings"]
     tokens, latency = settings.get("max_new_tokens", 64), settings.get("token_latency_ms")
@@ -955,6 +962,7 @@ def rolling_figures(data: dict) -> list:
     drained = samples(data, side="with_drain")
     phases = [rolling_phases(s) for s in drained]
     without = [rolling_phases(s) for s in samples(data, side="without_drain")]
+    held = in_flight_at_stops(samples(data, side="without_drain"))
     return [
         Figure(
             "rolling_failed",
@@ -975,7 +983,7 @@ def rolling_figures(data: dict) -> list:
             "Rolling deploy under load: failed requests without drains (the control)",
             "the same deploy and load in the same run, without the gateway list and with a stop budget shorter than "
             "a request (the plain rolling restart): it shows the load can lose requests, so that the 0 above "
-            "says what the drains buy",
+            "says what the drains buy" + held,
             "client requests of the round that did not complete",
             "none",
             [p["failed"] for p in without],

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import re
 import threading
 import time
 from pathlib import Path
@@ -52,6 +53,11 @@ WITHOUT_DRAINS = {
     "sglang_service_stop_margin_sec": 1,
 }
 ALL_AT_ONCE = {"deploy_batch": "100%"}
+# smg's default (cache_aware) may keep every stream on one engine while another stops, so that a stop without drains
+# sometimes holds no request and the control shows nothing; round robin puts requests on every engine all the time.
+GATEWAY_POLICY = "round_robin"
+# The stop's first look at the engine (ExecStop, plugins/module_utils/gpu_gate.py): its requests in flight then.
+DRAINING = re.compile(r"llmops-gate drain: draining main process (\d+): (\d+) running")
 STEADY_S = float(os.environ.get("LLMOPS_BENCH_STEADY_S", "60"))
 # Runs the rolling benchmark although the role does not declare the gateway list: a check of the harness alone
 # (both sides then deploy the same way); its data says so.
@@ -218,6 +224,7 @@ def rolling_deploy(lab, bench_name: str) -> None:
             "token_latency_ms": TOKEN_LATENCY_MS,
             "without_drains": WITHOUT_DRAINS,
             "steady_s": STEADY_S,
+            "gateway_policy": GATEWAY_POLICY,
             "deploy_batch": 1,
             "engine": engine_vars,
             "without": "the same deploy.yml with no gateway list and a stop budget shorter than a request: "
@@ -228,7 +235,7 @@ def rolling_deploy(lab, bench_name: str) -> None:
     with bench.part("set-up: engines, gateway, workers registered"):
         first = deploy(lab, engines, extra=engine_vars | ALL_AT_ONCE)
         assert first.proc.returncode == 0, first.output
-        role = apply_gateway_role(lab, gateway_host)
+        role = apply_gateway_role(lab, gateway_host, {"sglang_gateway_policy": GATEWAY_POLICY})
         assert role.returncode == 0, role.stdout[-4000:]
     for round_number in range(RUNS):
         sides = [("with_drain", {GATEWAY_VAR: [gateway]}), ("without_drain", WITHOUT_DRAINS)]
@@ -253,8 +260,23 @@ def rolling_deploy(lab, bench_name: str) -> None:
                     stop=run.stop,
                     load_start=began,
                     requests=load.compact(began),
+                    in_flight_at_stop=in_flight_at_stops(lab, engines, run.start, run.stop),
                 )
     bench.finish()
+
+
+def in_flight_at_stops(lab, engines: list, start: float, stop: float) -> dict:
+    """{engine: [requests running at each stop of the deploy]}, from the stop's first look in the unit's journal: the
+    evidence that the stops without drains had requests to cut."""
+    found = {}
+    for host in engines:
+        journal = lab.exec(host, f"journalctl -u sglang -o cat --no-pager --since @{start:.0f} --until @{stop + 1:.0f}")
+        assert journal.returncode == 0, journal.stderr
+        first_looks = {}
+        for pid, running in DRAINING.findall(journal.stdout):
+            first_looks.setdefault(pid, int(running))
+        found[host] = list(first_looks.values())
+    return found
 
 
 def register(lab, gateway_host: str, gateway: str, workers: list) -> None:

@@ -2,12 +2,12 @@
 
 The playbooks run with the lab's inventory layer (tests/lab/inventory: the simulated engine, short load times)
 over the inventory the lab CLI writes, as `make demo` does. The tests run in order and share the fleet's state:
-a clean deploy, a rollback, a bad patch set, a host lost mid-deploy, two deploys at once. Every test leaves the
-fleet's hosts serving on pristine sources.
+a clean deploy, a bad patch set (both hosts back on pristine sources), a host lost mid-deploy, two deploys at once.
+Every test leaves the fleet's hosts serving on pristine sources. rollback.yml's return to the previous known-good,
+byte for byte, is test_rollback_sources.py's.
 
-Two hosts are enough for each claim about "every host" (batches of 100% run them together, a rollback returns
-both) and for a host lost while another goes on; only the bad patch set needs a third host, one batch later,
-that the rollout never starts.
+Two hosts are enough for each claim about "every host" (batches of 100% run them together) and for a host lost
+while another goes on; only the bad patch set needs a third host, one batch later, that the rollout never starts.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import pytest
 from labutil import (
     DEPLOY,
     FLEET_ENV_FILE,
-    FLEET_UNIT_FILE,
     REPO,
     ROLLBACK,
     VENV_PYTHON,
@@ -31,7 +30,6 @@ from labutil import (
     output,
     recap,
     serves,
-    sha256,
     verify_sources,
 )
 from labutil import run_playbook as run
@@ -40,7 +38,6 @@ pytestmark = pytest.mark.lab
 
 EXAMPLE_PATCH = REPO / "docs" / "patches" / "eagle_lab" / "0001-register-llmops-demo-algorithm.diff"
 PRISTINE = {"python": VENV_PYTHON, "state": "restored", "target_state_id": "pristine"}
-UNIT_FILE = FLEET_UNIT_FILE
 ENV_FILE = FLEET_ENV_FILE
 LOCK_FILE = "/run/lock/llmops-sglang.lock"
 SPEC_INFO = "sglang/srt/speculative/spec_info.py"
@@ -104,39 +101,6 @@ def test_clean_deploy_then_a_rerun_changes_and_restarts_nothing(fleet, tmp_path)
     assert outcomes(records) == dict.fromkeys(fleet.hosts, "unchanged")
     counts = recap(proc)
     assert all(counts[host]["changed"] == 0 and counts[host]["failed"] == 0 for host in fleet.hosts), counts
-    assert {host: main_pid(fleet, host) for host in fleet.hosts} == pids
-
-
-def test_rollback_returns_every_host_to_the_previous_known_good(fleet, tmp_path):
-    units = {host: sha256(fleet, host, UNIT_FILE) for host in fleet.hosts}
-    # A patch set that registers a speculative algorithm, and a unit that serves with it.
-    demo = {
-        **EAGLE_LAB,
-        "sglang_service_speculative_algorithm": "LLMOPS_DEMO",
-        "sglang_service_speculative_algorithms": ["EAGLE", "LLMOPS_DEMO"],
-        "deploy_batch": "100%",
-    }
-    proc, records = run(fleet, DEPLOY, tmp_path, "demo", demo)
-    assert proc.returncode == 0, output(proc)
-    assert outcomes(records) == dict.fromkeys(fleet.hosts, "deployed")
-    assert all(record["after"]["patch_state"] not in ("pristine", "modified") for record in records.values())
-    assert all(sha256(fleet, host, UNIT_FILE) != units[host] for host in fleet.hosts)
-
-    proc, records = run(fleet, ROLLBACK, tmp_path, "rollback", {"rollback_batch": "100%"})
-    assert proc.returncode == 0, output(proc)
-    assert outcomes(records) == dict.fromkeys(fleet.hosts, "returned")
-    for host in fleet.hosts:
-        assert records[host]["gate"]["healthy"] and records[host]["after"]["patch_state"] == "pristine"
-        assert sha256(fleet, host, UNIT_FILE) == units[host]
-        sources = verify_sources(fleet, host)
-        assert sources["verify"]["pristine"] and sources["verify"]["checked"] > 1000, sources["verify"]
-        assert serves(fleet, host)["healthy"]
-
-    # Already there: nothing is restarted.
-    pids = {host: main_pid(fleet, host) for host in fleet.hosts}
-    proc, records = run(fleet, ROLLBACK, tmp_path, "rollback_again", {"rollback_snapshot": "current"})
-    assert proc.returncode == 0, output(proc)
-    assert outcomes(records) == dict.fromkeys(fleet.hosts, "unchanged")
     assert {host: main_pid(fleet, host) for host in fleet.hosts} == pids
 
 

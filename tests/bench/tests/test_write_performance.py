@@ -221,6 +221,18 @@ def test_the_rolling_control_counts_the_requests_lost_without_drains_in_the_same
     assert figures["rolling_control"].met == write_performance.INCONCLUSIVE
     assert "480 tokens at 50 ms each" in figures["rolling_failed"].compares
     assert figures["rolling_p99"].values == pytest.approx([1.0, 1.0, 1.0])
+    assert "in flight at its stops" not in figures["rolling_control"].compares
+
+
+def test_the_rolling_control_shows_the_requests_its_stops_held():
+    samples = [
+        rolling_sample(0, "with_drain", ["ok"]) | {"in_flight_at_stop": {"h1": [0], "h2": [0]}},
+        rolling_sample(0, "without_drain", ["failed"]) | {"in_flight_at_stop": {"h1": [6], "h2": [7]}},
+        rolling_sample(1, "without_drain", ["ok"]) | {"in_flight_at_stop": {"h1": [0], "h2": [0]}},
+    ]
+    data = benchmark("rolling_deploy", {"max_new_tokens": 480, "token_latency_ms": 50, "steady_s": 60}, samples)
+    figures = {figure.key: figure for figure in write_performance.rolling_figures(data)}
+    assert figures["rolling_control"].compares.endswith("; requests in flight at its stops, per run: 13, 0")
 
 
 def sweep_data() -> dict:
