@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,6 +40,7 @@ from labutil import (
     sh,
     unit_show,
     wait_healthy,
+    wait_until,
 )
 
 pytestmark = pytest.mark.lab
@@ -128,10 +128,12 @@ def test_a_two_host_engine_is_refused_whole_then_rendered_and_ranks_start_togeth
     # dist-init port, no HTTP), and serves once rank 1 joined.
     sh(lab, rank0, f"systemctl start --no-block {UNIT}")
     waiting = ["sglang::detokenizer", "sglang::scheduler_TP0", "sglang::scheduler_TP1"]
-    deadline = time.monotonic() + 60
-    while not (titles(lab, rank0) == waiting and ":20000 " in sh(lab, rank0, "ss -Hltn 'sport = :20000'")):
-        assert time.monotonic() < deadline, "rank 0 never waited in the rendezvous"
-        time.sleep(0.2)
+    wait_until(
+        lambda: titles(lab, rank0) == waiting and ":20000 " in sh(lab, rank0, "ss -Hltn 'sport = :20000'"),
+        60,
+        "rank 0 to wait in the rendezvous",
+        interval=0.2,
+    )
     assert sh(lab, rank0, f"systemctl show -P ActiveState {UNIT}").strip() == "activating"
     assert answers(lab, rank0, "/health") == 0
     joined_at = float(sh(lab, rank1, f"date +%s.%N; systemctl start --no-block {UNIT}").split()[0])
@@ -148,9 +150,12 @@ def test_a_two_host_engine_is_refused_whole_then_rendered_and_ranks_start_togeth
 
     # Rank 0's stop drains, and its ShutdownReq ends rank 1's engine too, cleanly.
     sh(lab, rank0, f"systemctl stop {UNIT}")
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and sh(lab, rank1, f"systemctl show -P ActiveState {UNIT}").strip() != "inactive":
-        time.sleep(1)
+    wait_until(
+        lambda: sh(lab, rank1, f"systemctl show -P ActiveState {UNIT}").strip() == "inactive",
+        60,
+        "rank 1 to stop with rank 0",
+        interval=0.2,
+    )
     assert titles(lab, rank1) == []
     shown = sh(lab, rank1, f"systemctl show -p Result -p ExecMainStatus {UNIT}").split()
     assert set(shown) == {"Result=success", "ExecMainStatus=0"}, shown
