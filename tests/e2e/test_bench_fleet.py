@@ -35,6 +35,7 @@ from benchdata import (
     timed_playbook,
 )
 from gateway_lab import apply_gateway_role, connect_hosts, gateway_url, worker_url
+from labutil import FLEET_UNIT
 
 pytestmark = pytest.mark.bench
 
@@ -270,7 +271,8 @@ def in_flight_at_stops(lab, engines: list, start: float, stop: float) -> dict:
     evidence that the stops without drains had requests to cut."""
     found = {}
     for host in engines:
-        journal = lab.exec(host, f"journalctl -u sglang -o cat --no-pager --since @{start:.0f} --until @{stop + 1:.0f}")
+        window = f"--since @{start:.0f} --until @{stop + 1:.0f}"
+        journal = lab.exec(host, f"journalctl -u {FLEET_UNIT} -o cat --no-pager {window}")
         assert journal.returncode == 0, journal.stderr
         first_looks = {}
         for pid, running in DRAINING.findall(journal.stdout):
