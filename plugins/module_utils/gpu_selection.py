@@ -19,6 +19,8 @@ Each of these is refused here, one line per GPU and reason:
   process enumerates a single MIG device;
 - memory held by a process outside the unit's reach. In reach are the processes in the unit's cgroup (the engine
   and its leftovers) and orphans titled ``^sglang::`` outside every running unit: the restart chain reaps both.
+  A holder that this host's /proc does not show is either of another PID namespace or one that exited after the
+  listing (a scheduler of a unit that restarts); it is refused only while the GPUs, listed again, still show it.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from dataclasses import dataclass, field
 
 from ansible_collections.llmops.inference.plugins.module_utils.gpu import Gpu, GpuQueryError, select_gpus
 from ansible_collections.llmops.inference.plugins.module_utils.gpu_query import query_gpus
-from ansible_collections.llmops.inference.plugins.module_utils.procs import is_orphan, read_process
+from ansible_collections.llmops.inference.plugins.module_utils.procs import is_orphan, read_process, wait_for
 from ansible_collections.llmops.inference.plugins.module_utils.systemd import (
     SystemdError,
     list_running_units,
@@ -152,15 +154,24 @@ class Verdict:
         }
 
 
+# How long a holder that /proc does not show may stay listed before it counts as another PID namespace's: the
+# driver lists a process until its CUDA context is torn down, a moment after the process is gone.
+EXITED_HOLDER_WAIT_S = 2.0
+
+
 @dataclass
 class GpuListContext:
     """Whose GPU list it is: the unit that will run on it, the running units ({name: state}), the option's name in
-    the messages, and where /proc is."""
+    the messages, and where /proc is. ``relist`` lists the GPUs again (as gpu_query.query_gpus does), to tell a
+    holder that exited after the first listing from one of another PID namespace; without it, every holder that
+    /proc does not show is refused."""
 
     unit: str | None = None
     running_units: dict | None = None
     label: str = "gpus"
     proc_root: str = "/proc"
+    relist: object = None
+    relist_timeout: float = EXITED_HOLDER_WAIT_S
 
 
 class GpuListCheck:
@@ -175,7 +186,10 @@ class GpuListCheck:
         self.running = dict(context.running_units or {})
         self.label = context.label
         self.proc_root = context.proc_root
+        self.relist = context.relist
+        self.relist_timeout = context.relist_timeout
         self.verdict = Verdict()
+        self.unseen = []
 
     def _refuse(self, rule: str, detail: str) -> None:
         shown = "[" + ", ".join(self.selectors) + "]"
@@ -224,6 +238,7 @@ class GpuListCheck:
             )
         for gpu in verdict.devices:
             self._check_holders(gpu)
+        self._check_unseen_holders()
         return verdict
 
     def _in_reach(self, proc) -> bool:
@@ -250,23 +265,45 @@ class GpuListCheck:
                 "another process holds its memory is not checked"
             )
             return
-        rule = f"must name GPUs that no process outside {self.unit} holds" if self.unit else "must name free GPUs"
         for holder in gpu.processes:
             proc = read_process(holder.pid, self.proc_root)
-            memory = "memory" if holder.used_mib is None else f"{holder.used_mib} MiB"
             entry = {"gpu": gpu.index, "uuid": gpu.uuid, "pid": holder.pid, "mib": holder.used_mib}
             entry.update(title=proc.title if proc else None, unit=proc.unit if proc else None)
             entry["in_reach"] = proc is not None and self._in_reach(proc)
             self.verdict.holders.append(entry)
-            if entry["in_reach"]:
-                continue
             if proc is None:
-                whose = f"pid {holder.pid}, which this host's /proc does not show (a process of another PID namespace"
-                whose += ", such as a container)"
-            else:
-                whose = f"pid {holder.pid} {proc.title!r} {self._owner(proc)}"
-            stop = f"a restart of {self.unit} leaves it alone" if self.unit else "the engine could not use it"
-            self._refuse(rule, f"{where} holds {memory} of {whose}; {stop}: stop that process or name other GPUs")
+                self.unseen.append((gpu, holder, entry))
+            elif not entry["in_reach"]:
+                self._refuse_holder(gpu, holder, f"pid {holder.pid} {proc.title!r} {self._owner(proc)}")
+
+    def _refuse_holder(self, gpu: Gpu, holder, whose: str) -> None:
+        rule = f"must name GPUs that no process outside {self.unit} holds" if self.unit else "must name free GPUs"
+        memory = "memory" if holder.used_mib is None else f"{holder.used_mib} MiB"
+        stop = f"a restart of {self.unit} leaves it alone" if self.unit else "the engine could not use it"
+        where = f"{gpu.display} ({gpu.uuid})"
+        self._refuse(rule, f"{where} holds {memory} of {whose}; {stop}: stop that process or name other GPUs")
+
+    def _check_unseen_holders(self) -> None:
+        """Refuse the holders /proc did not show that the GPUs, listed again until they are gone or for
+        ``relist_timeout`` seconds, still show; forget the others, which exited after the first listing."""
+        listed = {(gpu.uuid, holder.pid) for gpu, holder, _entry in self.unseen}
+
+        def all_exited() -> bool:
+            try:
+                _backend, inventory = self.relist()
+            except GpuQueryError:
+                return False
+            listed.intersection_update((gpu.uuid, process.pid) for gpu in inventory for process in gpu.processes)
+            return not listed
+
+        if listed and self.relist is not None:
+            wait_for(all_exited, self.relist_timeout, interval=0.2)
+        for gpu, holder, entry in self.unseen:
+            if (gpu.uuid, holder.pid) not in listed:
+                self.verdict.holders.remove(entry)
+                continue
+            whose = f"pid {holder.pid}, which this host's /proc does not show (a process of another PID namespace"
+            self._refuse_holder(gpu, holder, whose + ", such as a container)")
 
 
 def check_gpu_list(selectors, inventory: list, layout: Layout, **options) -> Verdict:
@@ -299,5 +336,6 @@ def inspect_gpu_list(params: dict, run_command, *, query=query_gpus, booted=syst
         running_units=running,
         label=label,
         proc_root=proc_root,
+        relist=lambda: query(backend, run_command),
     )
     return dict(verdict.as_dict(), backend=backend), verdict.problems, verdict.warnings

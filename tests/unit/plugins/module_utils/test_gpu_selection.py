@@ -232,6 +232,41 @@ def test_memory_of_a_pid_this_host_cannot_see_is_refused(host):
     )
 
 
+def test_a_pid_this_host_cannot_see_that_stays_listed_is_refused_after_listing_again(host):
+    proc, gpus, running = host
+    gpus.stuck.add(999)
+    gpus.claim(999, 1, 3000)
+    options = {"unit": UNIT, "running_units": running, "label": LABEL, "proc_root": str(proc.root)}
+    verdict = check_gpu_list(["1"], gpus()[1], parse_layout(1), relist=gpus, relist_timeout=0.3, **options)
+    assert gpus.queries > 2
+    assert [holder["pid"] for holder in verdict.holders] == [999]
+    (problem,) = verdict.problems
+    assert "holds 3000 MiB of pid 999, which this host's /proc does not show" in problem
+
+
+def test_a_holder_that_exits_between_the_listing_and_the_look_at_proc_is_not_refused(host):
+    """A restarting unit's schedulers: listed on the GPU, then gone from /proc by the time their cgroup is read."""
+    proc, gpus, _running = host
+    for pid in (214, 215):
+        gpus.stuck.add(pid)
+        gpus.claim(pid, 0, 10949)
+    proc.add(301, ppid=1, argv=["sglang::scheduler_TP0"], cgroup=f"0::/system.slice/{UNIT}")
+    gpus.claim(301, 1, 10949)
+
+    def listing_then_exit(backend, run_command):
+        listed = gpus(backend, run_command)
+        gpus.stuck.clear()
+        return listed
+
+    systemctl = FakeSystemctl({UNIT: "activating"})
+    facts, problems, _warnings = inspect_gpu_list(
+        params(), systemctl, query=listing_then_exit, booted=lambda: True, proc_root=str(proc.root)
+    )
+    assert problems == []
+    assert [holder["pid"] for holder in facts["holders"]] == [301]
+    assert gpus.queries == 2
+
+
 def test_without_a_unit_every_holder_is_refused(host):
     proc, gpus, _running = host
     proc.add(101, ppid=1, argv=["sglang::scheduler"], cgroup=f"0::/system.slice/{UNIT}")
