@@ -88,7 +88,7 @@ def boot_shared_lab(lab_cli: str, name: str, requests: dict) -> Path:
     hosts = sum(request["hosts"] for request in requests.values())
     gpus = max(request["gpus"] for request in requests.values())
     proc = subprocess.run(
-        [lab_cli, "up", "--name", name, "--hosts", str(hosts), "--gpus", str(gpus)],
+        [lab_cli, "up", "--name", name, "--hosts", str(hosts), "--gpus", str(gpus), "--cache-module-code"],
         capture_output=True,
         text=True,
         check=False,

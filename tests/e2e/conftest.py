@@ -235,12 +235,18 @@ def lab_name(suffix: str = "") -> str:
     return base[: 6 - len(letter) - len(suffix)] + letter + suffix
 
 
+def caches_module_code(session) -> bool:
+    """Whether this session's labs cache the compiled code of Ansible's modules on their hosts (tests/lab/README.md):
+    yes for tests, no for a session that runs a benchmark, which counts our modules' CPU as a real host pays it."""
+    return not any(item.get_closest_marker("bench") for item in session.items)
+
+
 @pytest.fixture(scope="session")
-def lab():
+def lab(request):
     name = lab_name()
     hosts = int(os.environ.get("LLMOPS_LAB_HOSTS", "3"))
     gpus = int(os.environ.get("LLMOPS_LAB_GPUS", "2"))
-    yield from boot_lab(name, hosts, gpus)
+    yield from boot_lab(name, hosts, gpus, caches_module_code(request.session))
 
 
 @pytest.fixture(scope="module")
@@ -251,16 +257,17 @@ def lab_gpus4(request):
         yield request.getfixturevalue("lab")
         return
     name = os.environ.get("LLMOPS_LAB4_NAME") or lab_name("q")
-    yield from boot_lab(name, 1, 4)
+    yield from boot_lab(name, 1, 4, caches_module_code(request.session))
 
 
-def boot_lab(name: str, hosts: int, gpus: int):
+def boot_lab(name: str, hosts: int, gpus: int, cache_module_code: bool):
     """Boot a lab, yield it, take it down (unless LLMOPS_LAB_KEEP=1)."""
     if os.geteuid() != 0:
         pytest.skip("lab tests need root")
+    cache = ["--cache-module-code"] if cache_module_code else []
     try:
         out = subprocess.run(
-            [str(LAB_CLI), "up", "--name", name, "--hosts", str(hosts), "--gpus", str(gpus)],
+            [str(LAB_CLI), "up", "--name", name, "--hosts", str(hosts), "--gpus", str(gpus), *cache],
             capture_output=True,
             text=True,
             check=True,

@@ -562,3 +562,15 @@ def test_an_api_key_from_a_0600_config_file_stays_out_of_ps(clean_lab):
     status, _text = http(lab, host, "/v1/models")
     assert status == 401
     assert "'api_key': 'sk-lab-secret'" in journal(lab, host, "t-sim-key.service")
+
+
+def test_ansible_modules_run_from_cached_code_and_the_engine_python_is_untouched(clean_lab):
+    """Test labs cache the compiled code of Ansible's modules for the system Python only (tests/lab/README.md)."""
+    host = clean_lab.hosts[0]
+    pinged = clean_lab.module(host, "ansible.builtin.ping", {"data": "pong"})
+    assert pinged["ping"] == "pong", pinged
+    show = "import zipimport; print(zipimport._compile_source.__name__)"
+    system = clean_lab.exec(host, f"python3 -c '{show}'; ls /var/cache/llmops-lab-module-code | wc -l")
+    assert system.stdout.split()[0] == "_cached_compile_source" and int(system.stdout.split()[1]) > 0, system
+    engine = clean_lab.exec(host, f"{VENV_PYTHON} -c '{show}'")
+    assert engine.stdout.strip() == "_compile_source", engine

@@ -15,6 +15,10 @@ LAB_DIR = Path(__file__).resolve().parent.parent
 SIMGPU_SRC = LAB_DIR / "simgpu"
 SIM_SRC = LAB_DIR / "sglang_sim"
 NINJA_STANDIN = Path(__file__).resolve().parent / "ninja_standin.py"
+MODULE_CODE_CACHE = Path(__file__).resolve().parent / "module_code_cache.py"
+# The system Python's site directory: a .pth file there runs at every start of /usr/bin/python3 (not of the
+# engine's virtual environment, which does not read the system's site-packages).
+SYSTEM_SITE = "/usr/local/lib/python3.11/dist-packages"
 GPU_NAME = "NVIDIA H100 80GB HBM3"
 GPU_TOTAL_MIB = 81559
 SITE_PACKAGES = f"{SGLANG_VENV}/lib/python3.11/site-packages"
@@ -102,6 +106,7 @@ def install(
     simgpu_build: Path,
     mig: dict[int, str] | None = None,
     reserved_mib: int = simgpu_state.DEFAULT_RESERVED_MIB,
+    cache_module_code: bool = False,
 ) -> None:
     """Write the per-host files into the host's merged tree (they land in its overlay's upper dir)."""
     _write(root, "/etc/hostname", host + "\n")
@@ -133,4 +138,7 @@ def install(
     target = root / SITE_PACKAGES.lstrip("/") / "sglang_sim"
     shutil.rmtree(target, ignore_errors=True)
     shutil.copytree(SIM_SRC, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    if cache_module_code:
+        _install(root, MODULE_CODE_CACHE, f"{SYSTEM_SITE}/llmops_lab_module_code_cache.py", 0o644)
+        _write(root, f"{SYSTEM_SITE}/llmops_lab_module_code_cache.pth", "import llmops_lab_module_code_cache\n")
     run(["ldconfig", "-r", str(root)], check=False)
