@@ -7,6 +7,9 @@ VENV        := $(CURDIR)/.venv
 BIN         := $(VENV)/bin
 PYTHON      := $(BIN)/python
 STAMP       := $(VENV)/.requirements.sha256
+# The venv's interpreter: Debian's own python3 where there is one (built with PGO and LTO, it runs Ansible's
+# controller about a sixth faster than a python3 built from source without them), else the first on PATH.
+BASE_PYTHON ?= $(firstword $(wildcard /usr/bin/python3) python3)
 LAB         := tests/lab/lab
 COLLECTIONS := $(CURDIR)/build/collections
 SANITY_TREE := $(CURDIR)/build/sanity/ansible_collections/llmops/inference
@@ -40,8 +43,8 @@ deps: ## Install the Debian packages the lab and the tests need (apt, only what 
 venv: $(STAMP) ## Create .venv with the pinned controller and test tools
 
 $(STAMP): requirements.txt
-	@command -v python3 >/dev/null || { echo "python3 is needed (apt-get install python3 python3-venv)" >&2; exit 1; }
-	@[ -x $(PYTHON) ] || python3 -m venv $(VENV)
+	@command -v $(BASE_PYTHON) >/dev/null || { echo "python3 is needed (apt-get install python3 python3-venv)" >&2; exit 1; }
+	@[ -x $(PYTHON) ] || $(BASE_PYTHON) -m venv $(VENV)
 	$(PYTHON) -m pip install --quiet --upgrade pip
 	$(PYTHON) -m pip install --quiet -r requirements.txt
 	sha256sum requirements.txt > $(STAMP)

@@ -65,8 +65,11 @@ done
 
 # A test that patched sglang and failed before restoring must not leak into the next one. Hashing every source
 # against the wheel's RECORD costs about 0.2 s of CPU per host and reset, so it runs only when a source's inode,
-# size or ctime (which every write and every restored mtime changes) differs from the last verified state.
-PRISTINE_SCRIPT = """
+# size or ctime (which every write and every restored mtime changes) differs from the last verified state; what
+# differs is then written again from the wheel (files/restore_sglang_sources.py) and hashed once more.
+RESTORE_SOURCES = (Path(__file__).parent / "files" / "restore_sglang_sources.py").read_text()
+PRISTINE_SCRIPT = (
+    """
 VENV=/opt/sglang/venv
 SITE=$VENV/lib/python3.11/site-packages
 VERIFIED=/var/cache/llmops-lab/sglang-sources.verified
@@ -74,12 +77,17 @@ sources_state() {
   find $SITE/sglang $SITE/sglang-*.dist-info \\( -name '*.py' -o -name RECORD \\) -printf '%P %i %s %C@\\n' \\
     | sort | sha256sum
 }
+pristine() {
+  $VENV/bin/python -c 'import sys; from sglang_sim import sources as s; sys.exit(bool(s.modified_sources(s.locate())))'
+}
 [ -s $VERIFIED ] && [ "$(sources_state)" = "$(cat $VERIFIED)" ] && exit 0
-$VENV/bin/python -c 'import sys; from sglang_sim import sources as s; sys.exit(bool(s.modified_sources(s.locate())))' \\
-  || { rm -rf $SITE/sglang  # a reinstall leaves files the RECORD does not list
-       $VENV/bin/pip install -q --no-deps --no-index --force-reinstall /var/cache/llmops-lab/wheels/sglang-*.whl; } \\
-  && sources_state > $VERIFIED
+pristine || { $VENV/bin/python - <<'RESTORE_SOURCES'
 """
+    + RESTORE_SOURCES
+    + """RESTORE_SOURCES
+pristine; } && sources_state > $VERIFIED
+"""
+)
 
 
 class Lab:

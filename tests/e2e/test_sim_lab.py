@@ -574,3 +574,28 @@ def test_ansible_modules_run_from_cached_code_and_the_engine_python_is_untouched
     assert system.stdout.split()[0] == "_cached_compile_source" and int(system.stdout.split()[1]) > 0, system
     engine = clean_lab.exec(host, f"{VENV_PYTHON} -c '{show}'")
     assert engine.stdout.strip() == "_compile_source", engine
+
+
+def test_a_reset_brings_changed_added_and_deleted_sglang_sources_back_to_the_wheels(clean_lab):
+    """What a test that failed before restoring its patch leaves: the next reset restores it from the wheel."""
+    host = clean_lab.hosts[0]
+    package = f"{SITE_PACKAGES}/sglang"
+    deleted = f"{package}/srt/speculative/spec_registry.py"
+    sh(clean_lab, host, f"echo '# patched' >> {PATCH_TARGET}; rm {deleted}; mkdir {package}/srt/llmops_added")
+    sh(
+        clean_lab,
+        host,
+        f"echo 'x = 1' > {package}/srt/llmops_added/note.py; {VENV_PYTHON} -m compileall -q {package}/srt/llmops_added",
+    )
+    clean_lab.reset([host])
+    left = sh(
+        clean_lab,
+        host,
+        f"{VENV_PYTHON} -c 'from sglang_sim import sources as s; print(s.modified_sources(s.locate()))'",
+    )
+    assert left.strip() == "[]", left
+    assert sorted(sh(clean_lab, host, f"ls {deleted} {package}/srt/llmops_added 2>&1; true").splitlines()) == [
+        deleted,
+        f"ls: cannot access '{package}/srt/llmops_added': No such file or directory",
+    ]
+    assert "# patched" not in sh(clean_lab, host, f"tail -n 1 {PATCH_TARGET}")

@@ -5,9 +5,11 @@ extra args, as any other inventory variable would (1 s loads; 50 ms per decode s
 measures decoding rather than HTTP overhead and the CPU contention of a 2-core machine; the default draft
 memory, so that steps >= 9 fail the load with CUDA out of memory on the lab's 80 GB GPUs).
 
-The acceptance sweep (steps 1..6 x concurrency 1, 8, 32 on 3 hosts) asserts that the best step count differs
-between concurrency 1 and 32. That needs a lab engine whose step cost grows with the batch (as SGLang's does);
-the engine's flat --sim-batch-slowdown cannot show it, so that one test fails on such a lab.
+The acceptance sweep (steps 2, 4, 6 x concurrency 1, 8, 32 on 3 hosts, one point per host) asserts that the best
+step count falls from concurrency 1 to 32: with the lab's model the best is 4 at concurrency 1 (4 % ahead of 6) and
+2 at concurrency 32 (8 % ahead of 4), margins that a shared machine's noise does not close. That needs a lab engine
+whose step cost grows with the batch (as SGLang's does); the engine's flat --sim-batch-slowdown cannot show it, so
+that one test fails on such a lab.
 
 Set LLMOPS_BENCH_OUT to a directory to get the measured timing figures as spec_sweep.json there.
 """
@@ -50,6 +52,7 @@ ROLE_VARS = {
     ],
 }  # fmt: skip
 LEVELS = [1, 8, 32]
+ACCEPTANCE_STEPS = [2, 4, 6]
 # Per level max(4, concurrency) requests of 48 tokens: 4 requests one after the other at concurrency 1 (about
 # 4 s per run), one wave of about 1 s above.
 BENCH = {"num_prompts": 4, "max_new_tokens": 48, "request_timeout": 10}
@@ -177,11 +180,11 @@ def sweep_lab(lab, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def acceptance(sweep_lab, tmp_path_factory):
-    """Steps 1..6 x concurrency 1, 8, 32 on every host, the SLA choice applied (the hosts' states kept), then the
-    hosts restored to the base unit for the other tests."""
+    """Steps 2, 4, 6 x concurrency 1, 8, 32, one point per host, the SLA choice applied (the hosts' states kept),
+    then the hosts restored to the base unit for the other tests."""
     results_dir = tmp_path_factory.mktemp("acceptance")
     slo = {"p99_tpot_ms": 45.0}
-    results = run_sweep(sweep_lab, results_dir, "lab", list(range(1, 7)), sweep_slo=slo, sweep_apply="best")
+    results = run_sweep(sweep_lab, results_dir, "lab", ACCEPTANCE_STEPS, sweep_slo=slo, sweep_apply="best")
     states = {host: host_state(sweep_lab, host) for host in sweep_lab.hosts}
     restore = tmp_path_factory.mktemp("restore") / "restore.yml"
     restore.write_text(RESTORE)
@@ -193,12 +196,12 @@ def acceptance(sweep_lab, tmp_path_factory):
 def test_every_point_is_loaded_once_and_measured_at_every_level(sweep_lab, acceptance):
     results, results_dir, _states = acceptance
     levels = levels_of(results)
-    assert sorted(levels) == [(steps, level) for steps in range(1, 7) for level in LEVELS]
+    assert sorted(levels) == [(steps, level) for steps in ACCEPTANCE_STEPS for level in LEVELS]
     assert all(record["status"] == "measured" for record in levels.values()), [
         record["reason"] for record in levels.values() if record["status"] != "measured"
     ]
     assert {record["host"] for record in levels.values()} == set(sweep_lab.hosts)
-    for steps in range(1, 7):
+    for steps in ACCEPTANCE_STEPS:
         engines = [levels[(steps, level)]["bench"]["engine"] for level in LEVELS]
         # one engine process served all three levels
         assert len({engine["main_pid"] for engine in engines}) == 1, (steps, engines)
@@ -221,14 +224,14 @@ def test_every_point_is_loaded_once_and_measured_at_every_level(sweep_lab, accep
             assert len(levels[(steps, level)]["repeats"]) == 2
     timing = results["timing"]
     assert timing["loads_per_point"] == 1.0, timing
-    assert timing["engine_loads"] == 6 and timing["loads"] == 6, timing
+    assert timing["engine_loads"] == timing["loads"] == len(ACCEPTANCE_STEPS), timing
     record_timings(
         "acceptance",
         {key: timing[key] for key in ("sweep_wall_s", "engine_time_s", "engine_ratio", "overhead_ratio", "per_host")}
         | {"playbook_wall_s": results["playbook_wall_s"]},
     )
     csv_lines = (results_dir / "results.csv").read_text().splitlines()
-    assert len(csv_lines) == 1 + 6 * 3 * 2
+    assert len(csv_lines) == 1 + len(ACCEPTANCE_STEPS) * len(LEVELS) * 2
 
 
 def test_the_best_step_count_falls_from_concurrency_1_to_32(acceptance):
@@ -250,11 +253,11 @@ def test_the_report_states_each_choice_and_its_rule(acceptance):
         assert best["output_throughput_mad"] == rows[(best["steps"], entry["concurrency"])]["output_throughput_mad"]
     # robust: recomputed from the summary rows
     best_at = {
-        level: max(rows[(steps, level)]["output_throughput_median"] for steps in range(1, 7)) for level in LEVELS
+        level: max(rows[(steps, level)]["output_throughput_median"] for steps in ACCEPTANCE_STEPS) for level in LEVELS
     }
     worst = {
         steps: min(rows[(steps, level)]["output_throughput_median"] / best_at[level] for level in LEVELS)
-        for steps in range(1, 7)
+        for steps in ACCEPTANCE_STEPS
     }
     robust = results["robust_choice"]["point"]
     assert robust["worst_ratio"] == pytest.approx(worst[robust["steps"]])
@@ -270,7 +273,7 @@ def test_the_report_states_each_choice_and_its_rule(acceptance):
     assert results["choice"] == {"rule": "sla", "point": point, "reason": None}
     # Pareto: every frontier entry is dominated by none
     entries = results["pareto"]
-    assert len(entries) == 18
+    assert len(entries) == len(ACCEPTANCE_STEPS) * len(LEVELS)
     frontier = [entry for entry in entries if entry["frontier"]]
     assert frontier
     for entry in frontier:

@@ -450,10 +450,13 @@ def test_wait_returns_soon_after_the_server_becomes_ready(server):
 
 
 def test_wait_polls_at_most_every_poll_interval(server):
+    # On a clock that moves only when the probe sleeps: a loaded machine cannot slow the attempts down.
     server.routes["/ready"] = json_route({}, status=503)
-    result = make_probe(server, wait_timeout=1.0, poll_interval=0.2).run()
+    clock = FakeClock()
+    result = make_probe(server, clock=clock, wait_timeout=1.0, poll_interval=0.2).run()
     assert_failed(result, "health")
-    assert 4 <= result["attempts"] <= 6
+    assert result["attempts"] == 6  # at 0, 0.2, ..., 1.0 s
+    assert clock.sleeps == pytest.approx([0.2] * 5)
     assert server.paths().count("/ready") == result["attempts"]
 
 

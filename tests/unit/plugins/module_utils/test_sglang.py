@@ -166,9 +166,10 @@ def test_generate_that_trickles_past_the_deadline_times_out(server):
     chunks = [{"text": "a" * n, "meta_info": {}} for n in range(1, 100)]
     server.routes["/generate"] = stream_route(chunks, gap=0.1)  # 10 s in all, each chunk well within the timeout
     started = time.monotonic()
-    with pytest.raises(SglangTimeout, match=r"did not finish within 0\.5 s \(\d+ chunks, first after 0\.\d+ s\)"):
-        client_for(server).generate("x", max_new_tokens=100, timeout=0.5)
-    assert time.monotonic() - started < 0.5 + SLOW_DAY_S
+    # 2 s: the first chunk arrives in time even on a loaded machine, and the stream still trickles past the deadline
+    with pytest.raises(SglangTimeout, match=r"did not finish within 2\.0 s \(\d+ chunks, first after \d\.\d+ s\)"):
+        client_for(server).generate("x", max_new_tokens=100, timeout=2.0)
+    assert time.monotonic() - started < 2.0 + SLOW_DAY_S
 
 
 def test_slow_json_endpoint_times_out(server):
