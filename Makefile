@@ -93,10 +93,10 @@ molecule: deps venv collection-link ## Molecule scenarios on lab hosts (root); M
 	cd extensions && $(PYTHON) molecule_all.py --workers $(MOLECULE_WORKERS) --shared-lab $(MOLECULE_LAB) \
 	  --molecule $(BIN)/molecule
 
-# lint, sanity, units, docs, ee and molecule run side by side (none keeps two cores busy alone), then e2e alone
-# (it does). What the side-by-side parts share is installed before they start.
-TEST_SIDE_BY_SIDE := lint sanity units docs ee molecule
-TEST_ONE_BY_ONE   := e2e
+# lint, sanity, units, docs and ee run side by side (none keeps two cores busy alone); e2e and molecule one after
+# the other (each does). What the side-by-side parts share is installed before they start.
+TEST_SIDE_BY_SIDE := lint sanity units docs ee
+TEST_ONE_BY_ONE   := e2e molecule
 
 test: deps venv collection-link lab-wheels docs-venv ## Everything CI runs, every part even after one failed; each part's result and duration at the end
 	$(PYTHON) tests/run_parts.py --make "$(MAKE) -f $(firstword $(MAKEFILE_LIST))" --logs $(CURDIR)/build/test-logs \

@@ -265,16 +265,17 @@ def test_health_is_answered_while_a_long_request_runs(start):
 def test_gauges_miss_a_request_until_decode_log_interval_decode_steps(start):
     """SGLang publishes num_running_reqs at a prefill without the batch just admitted, then every
     decode_log_interval decode steps: a request that reaches an idle engine reads 0 running, 0 queued."""
-    sim = start("--enable-metrics", "--sim-token-latency-ms", "20", "--decode-log-interval", "40", *FAST)
+    # 100 steps of 20 ms: the gauges hold the idle values for 2 s after the prefill, room enough for a loaded
+    # machine to read them (40 steps, SGLang's default, left 0.8 s), and show the request from 2 s to 5 s.
+    sim = start("--enable-metrics", "--sim-token-latency-ms", "20", "--decode-log-interval", "100", *FAST)
     result: dict = {}
-    worker = threading.Thread(target=stream, args=(sim, 150, result, "r"))
+    worker = threading.Thread(target=stream, args=(sim, 250, result, "r"))
     worker.start()
     assert wait_for(lambda: "r:first" in result)
-    # Up to 40 steps of 20 ms (0.8 s) after its prefill, the gauges still hold the idle values.
     assert (metric(sim, "sglang:num_running_reqs"), metric(sim, "sglang:num_queue_reqs")) == (0, 0)
-    assert wait_for(lambda: metric(sim, "sglang:num_running_reqs") == 1, timeout=3)
+    assert wait_for(lambda: metric(sim, "sglang:num_running_reqs") == 1, timeout=6)
     worker.join(30)
-    assert result["r"] == (200, 150, 150, True)
+    assert result["r"] == (200, 250, 250, True)
     # Idle: the scheduler publishes at once when the gauge disagrees with its empty batch.
     assert metric(sim, "sglang:num_running_reqs") == 0
 
