@@ -30,6 +30,9 @@ import yaml
 
 SCENARIOS = Path(__file__).resolve().parent / "molecule"
 LAB_CLI = Path(__file__).resolve().parents[1] / "tests" / "lab" / "lab"
+sys.path.insert(0, str(LAB_CLI.parent))
+from labctl.cli import TEST_LAB_OPTIONS  # noqa: E402 - the lab's package, found through the path above
+
 # ${VAR:-default} in a molecule.yml (molecule's interpolation): the value a scenario run alone gets.
 DEFAULT_OF = re.compile(r"\$\{\w+:-([^}]*)\}")
 
@@ -88,7 +91,7 @@ def boot_shared_lab(lab_cli: str, name: str, requests: dict) -> Path:
     hosts = sum(request["hosts"] for request in requests.values())
     gpus = max(request["gpus"] for request in requests.values())
     proc = subprocess.run(
-        [lab_cli, "up", "--name", name, "--hosts", str(hosts), "--gpus", str(gpus), "--cache-module-code"],
+        [lab_cli, "up", "--name", name, "--hosts", str(hosts), "--gpus", str(gpus), *TEST_LAB_OPTIONS],
         capture_output=True,
         text=True,
         check=False,

@@ -28,7 +28,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "lab"))
-from labctl.cli import exec_argv  # noqa: E402 - the lab's package, found through the path above
+from labctl.cli import TEST_LAB_OPTIONS, exec_argv  # noqa: E402 - the lab's package, found through the path above
 
 LAB_CLI = REPO / "tests" / "lab" / "lab"
 COLLECTIONS_PATH = REPO / "build" / "collections"
@@ -243,10 +243,9 @@ def lab_name(suffix: str = "") -> str:
     return base[: 6 - len(letter) - len(suffix)] + letter + suffix
 
 
-def caches_module_code(session) -> bool:
-    """Whether this session's labs cache the compiled code of Ansible's modules on their hosts (tests/lab/README.md):
-    yes for tests, no for a session that runs a benchmark, which counts our modules' CPU as a real host pays it."""
-    return not any(item.get_closest_marker("bench") for item in session.items)
+def lab_options(session) -> list[str]:
+    """``lab up`` options for this session's labs: TEST_LAB_OPTIONS, none for a session that runs a benchmark."""
+    return [] if any(item.get_closest_marker("bench") for item in session.items) else list(TEST_LAB_OPTIONS)
 
 
 @pytest.fixture(scope="session")
@@ -254,7 +253,7 @@ def lab(request):
     name = lab_name()
     hosts = int(os.environ.get("LLMOPS_LAB_HOSTS", "3"))
     gpus = int(os.environ.get("LLMOPS_LAB_GPUS", "2"))
-    yield from boot_lab(name, hosts, gpus, caches_module_code(request.session))
+    yield from boot_lab(name, hosts, gpus, lab_options(request.session))
 
 
 @pytest.fixture(scope="module")
@@ -265,17 +264,16 @@ def lab_gpus4(request):
         yield request.getfixturevalue("lab")
         return
     name = os.environ.get("LLMOPS_LAB4_NAME") or lab_name("q")
-    yield from boot_lab(name, 1, 4, caches_module_code(request.session))
+    yield from boot_lab(name, 1, 4, lab_options(request.session))
 
 
-def boot_lab(name: str, hosts: int, gpus: int, cache_module_code: bool):
-    """Boot a lab, yield it, take it down (unless LLMOPS_LAB_KEEP=1)."""
+def boot_lab(name: str, hosts: int, gpus: int, options: list[str]):
+    """Boot a lab with ``lab up`` ``options``, yield it, take it down (unless LLMOPS_LAB_KEEP=1)."""
     if os.geteuid() != 0:
         pytest.skip("lab tests need root")
-    cache = ["--cache-module-code"] if cache_module_code else []
     try:
         out = subprocess.run(
-            [str(LAB_CLI), "up", "--name", name, "--hosts", str(hosts), "--gpus", str(gpus), *cache],
+            [str(LAB_CLI), "up", "--name", name, "--hosts", str(hosts), "--gpus", str(gpus), *options],
             capture_output=True,
             text=True,
             check=True,

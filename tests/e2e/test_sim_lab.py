@@ -576,6 +576,15 @@ def test_ansible_modules_run_from_cached_code_and_the_engine_python_is_untouched
     assert engine.stdout.strip() == "_compile_source", engine
 
 
+def test_a_test_labs_units_get_its_engine_defaults_and_their_own_environment_wins(clean_lab):
+    """`lab up --sim-env` (test labs: the drain's 1 s tick) is systemd's default environment for every unit."""
+    host = clean_lab.hosts[0]
+    printenv = "systemd-run --wait --pipe --quiet {} printenv SGLANG_SIM_SIGTERM_POLL"
+    assert clean_lab.exec(host, printenv.format("")).stdout.strip() == "1"
+    own = clean_lab.exec(host, printenv.format("-p Environment=SGLANG_SIM_SIGTERM_POLL=5"))
+    assert own.stdout.strip() == "5", own
+
+
 def test_a_reset_brings_changed_added_and_deleted_sglang_sources_back_to_the_wheels(clean_lab):
     """What a test that failed before restoring its patch leaves: the next reset restores it from the wheel."""
     host = clean_lab.hosts[0]

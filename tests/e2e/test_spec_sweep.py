@@ -39,7 +39,12 @@ ROLE_VARS = {
     "sglang_service_speculative_algorithm": "EAGLE",
     "sglang_service_speculative_num_steps": 3,
     "sglang_service_speculative_eagle_topk": 1,
-    "sglang_service_drain_timeout": 10,
+    # A stop budget of 15 s (drain 5 s + SGLang's drain check 5 s + scheduler exit 2 s + margin 3 s), as in
+    # labutil.SERVICE_LAB_VARS: a level's requests have all ended before the next point restarts the engine, and a
+    # hung engine is killed 15 s into its stop instead of 45 s.
+    "sglang_service_drain_timeout": 5,
+    "sglang_service_scheduler_exit_sec": 2,
+    "sglang_service_stop_margin_sec": 3,
     "sglang_service_restart_sec": 2,
     # A sweep killed inside a restart chain leaves the host lock to its lease; keep that short in the lab.
     "sglang_service_lock_lease_sec": 120,
@@ -329,8 +334,10 @@ def test_failures_keep_the_other_levels_and_a_resumed_sweep_measures_only_what_i
     sweep_resume, only steps 4's other levels are measured."""
     host = sweep_lab.hosts[1]
     steps = [2, 9, 3, 4]
-    # Two runs per level: a hanging level that waited for every request would take 2 x 10 s.
-    extra = {"sweep_repeats": 2, "sweep_resume": True}
+    # Two runs per level: a hanging level that waited for every request would take 2 x 10 s. Short runs (2
+    # requests of 24 tokens at concurrency 1): what is measured does not matter here, only what is recorded.
+    bench = BENCH | {"num_prompts": 2, "max_new_tokens": 24}
+    extra = {"sweep_repeats": 2, "sweep_resume": True, "sweep_bench": bench}
     cmd = ["ansible-playbook", "-i", str(sweep_lab.inventory), str(PLAYBOOK)]
     cmd += ["-e", json.dumps(sweep_vars(tmp_path, host, steps) | extra)]
     proc = subprocess.Popen(cmd, env=sweep_lab.env(), start_new_session=True, stdout=subprocess.DEVNULL)

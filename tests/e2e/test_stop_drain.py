@@ -34,12 +34,13 @@ LOADGEN = Path(__file__).with_name("loadgen.py")
 OTHER_PORT = 30001
 OTHER_UNIT = "t-engine.service"
 # 10 ms per decode step: a burst of 300-token streams lasts several seconds, longer than the stop takes to begin.
-# The engine takes GPU 0 and leaves GPU 1 to the other worker.
+# The engine takes GPU 0 and leaves GPU 1 to the other worker. Its drain looks every 5 s, as SGLang's does (the
+# test lab's default is 1 s, tests/e2e/conftest.py): a stop that does not wait for SGLang's own drain shows only then.
 SERVICE = {
     "sglang_service_tp_size": 1,
     "sglang_service_gpus": [0],
     "sglang_service_api_key": KEY,
-    "sglang_service_environment": {"SGLANG_SIM_TOKEN_LATENCY_MS": "10"},
+    "sglang_service_environment": {"SGLANG_SIM_TOKEN_LATENCY_MS": "10", "SGLANG_SIM_SIGTERM_POLL": "5"},
     "sglang_service_drain_timeout": 60,
     "sglang_service_gpu_free_wait_sec": 30,
 }
@@ -119,6 +120,8 @@ def host(lab, tmp_path_factory):
     sh(lab, name, f"umask 077; printf %s {KEY} > /run/stop_drain.key")
     up = run_play(lab, tmp_path_factory.mktemp("stop"), name, "service_role", SERVICE, "up")
     assert up.ok, up.output
+    environ = sh(lab, name, f"tr '\\0' '\\n' < /proc/$(systemctl show -P MainPID {UNIT})/environ")
+    assert "SGLANG_SIM_SIGTERM_POLL=5" in environ.splitlines(), environ
     yield name
     lab.reset()
 

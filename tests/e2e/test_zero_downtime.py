@@ -35,9 +35,9 @@ KEY = "lab-zdt-key-5c1e"
 ENGINE_PORT = 30000
 # The lab's engine environment (tests/lab/inventory/group_vars/lab.yml); a deploy adds a variable to force a restart.
 LAB_ENVIRONMENT = {"SGLANG_SIM_LOAD_TIME": "1", "SGLANG_SIM_DRAIN_TIME": "2"}
-# Requests that last about 24 s (480 tokens at 50 ms), so every restart finds some in flight. The fleet's drain
+# Requests that last about 12 s (240 tokens at 50 ms), so every restart finds some in flight. The fleet's drain
 # budget covers them with room to spare: the gateway step waits until the engine has none left, and nothing is lost.
-TOKENS = 480
+TOKENS = 240
 ENGINE_ARGS = ["--sim-token-latency-ms", "50"]
 DRAIN_TIMEOUT = 60
 CLIENTS = 8

@@ -109,7 +109,7 @@ def test_a_shared_lab_boots_once_gives_each_scenario_hosts_of_its_own_and_goes_d
     requests = {name: molecule_all.lab_request(name) for name in molecule_all.scenarios()}
     hosts = sum(request["hosts"] for request in requests.values())
     assert (tmp_path / "lab-calls").read_text().splitlines() == [
-        f"up --name molx --hosts {hosts} --gpus 4 --cache-module-code",
+        f"up --name molx --hosts {hosts} --gpus 4 --cache-module-code --sim-env SGLANG_SIM_SIGTERM_POLL=1",
         "down --name molx",
     ]
     assert sorted((tmp_path / "calls").read_text().splitlines()) == sorted(f"{name} molx" for name in requests)

@@ -26,6 +26,13 @@ class Interrupted(Exception):
     """A signal arrived while the lab was changing the machine."""
 
 
+# What a test lab adds to `lab up` (make e2e, make molecule): the compiled code of Ansible's modules cached on its
+# hosts, and SGLang's SIGTERM watchdog looking every second instead of every 5 s, as the lab's engines load in a
+# second instead of minutes. A benchmark's lab has neither: our modules pay the CPU a real host pays, and stops wait
+# SGLang's real ticks. The tests about the drain's timing pin the 5 s tick in their units' environment.
+TEST_LAB_OPTIONS = ("--cache-module-code", "--sim-env", "SGLANG_SIM_SIGTERM_POLL=1")
+
+
 def _raise_interrupted(signum, _frame):
     raise Interrupted(f"interrupted by signal {signum}")
 
@@ -52,6 +59,16 @@ def _mig(text: str) -> tuple[int, str]:
     except payload.simgpu_state.StateError as exc:
         raise argparse.ArgumentTypeError(f"--mig {text}: {exc}") from None
     return int(gpu), spec
+
+
+def _sim_env(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not payload.SIM_ENV_RE.match(name) or not value or any(c.isspace() or c in '"\\' for c in value):
+        raise argparse.ArgumentTypeError(
+            f"--sim-env must be SGLANG_SIM_NAME=VALUE (a knob of the simulated engine, a value without spaces or "
+            f"quotes), got {text!r}"
+        )
+    return name, value
 
 
 def _lab_name(text: str) -> str:
@@ -107,6 +124,15 @@ def build_parser() -> argparse.ArgumentParser:
                 action="store_true",
                 help="cache the compiled code of the modules Ansible runs on the hosts (test labs: each task then "
                 "costs a host about 60 %% less CPU; off for benchmarks, where our modules pay what a real host does)",
+            )
+            cmd.add_argument(
+                "--sim-env",
+                type=_sim_env,
+                action="append",
+                default=[],
+                metavar="SGLANG_SIM_NAME=VALUE",
+                help="a default of the simulated engine's knobs for every unit the hosts start (systemd's "
+                "DefaultEnvironment; a unit's own Environment= wins), e.g. SGLANG_SIM_SIGTERM_POLL=1; repeatable",
             )
             cmd.add_argument(
                 "--gpu-reserved-mib",
@@ -174,6 +200,7 @@ def cmd_up(args) -> int:
                 mig,
                 reserved_mib=args.gpu_reserved_mib,
                 cache_module_code=args.cache_module_code,
+                sim_env=dict(args.sim_env),
             )
             log_path = state.run_dir / f"{host}.console.log"
             pid = hosts.start_container(host, merged, log_path, hosts.host_cgroups(state, host))

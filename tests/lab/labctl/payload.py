@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 import uuid
@@ -22,6 +23,9 @@ SYSTEM_SITE = "/usr/local/lib/python3.11/dist-packages"
 GPU_NAME = "NVIDIA H100 80GB HBM3"
 GPU_TOTAL_MIB = 81559
 SITE_PACKAGES = f"{SGLANG_VENV}/lib/python3.11/site-packages"
+# `lab up --sim-env`: defaults of the simulated engine's knobs (tests/lab/sglang_sim/args.py) for every unit.
+SIM_ENV_CONF = "/etc/systemd/system.conf.d/50-llmops-lab-sim-env.conf"
+SIM_ENV_RE = re.compile(r"^SGLANG_SIM_[A-Z0-9_]+$")
 
 if str(SIMGPU_SRC) not in sys.path:
     sys.path.insert(0, str(SIMGPU_SRC))
@@ -107,6 +111,7 @@ def install(
     mig: dict[int, str] | None = None,
     reserved_mib: int = simgpu_state.DEFAULT_RESERVED_MIB,
     cache_module_code: bool = False,
+    sim_env: dict[str, str] | None = None,
 ) -> None:
     """Write the per-host files into the host's merged tree (they land in its overlay's upper dir)."""
     _write(root, "/etc/hostname", host + "\n")
@@ -138,6 +143,9 @@ def install(
     target = root / SITE_PACKAGES.lstrip("/") / "sglang_sim"
     shutil.rmtree(target, ignore_errors=True)
     shutil.copytree(SIM_SRC, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    if sim_env:
+        defaults = " ".join(f'"{name}={value}"' for name, value in sorted(sim_env.items()))
+        _write(root, SIM_ENV_CONF, f"[Manager]\nDefaultEnvironment={defaults}\n")
     if cache_module_code:
         _install(root, MODULE_CODE_CACHE, f"{SYSTEM_SITE}/llmops_lab_module_code_cache.py", 0o644)
         _write(root, f"{SYSTEM_SITE}/llmops_lab_module_code_cache.pth", "import llmops_lab_module_code_cache\n")

@@ -47,6 +47,13 @@ KNOBS = (
     Knob("load-time", float, 2.0, "seconds each scheduler takes to load (claims grow over this time)"),
     Knob("warmup-time", float, 1.0, "seconds after HTTP starts until /health turns 200"),
     Knob("drain-time", float, 90.0, "with the slow-drain fault: how long the request a SIGTERM finds lasts"),
+    Knob(
+        "sigterm-poll",
+        float,
+        5.0,
+        "seconds between the SIGTERM watchdog's looks (SGLang's: 5); shorter only compresses a lab's time",
+        0.05,
+    ),
     Knob("token-latency-ms", float, 2.0, "milliseconds per plain decode step (one output token)"),
     Knob("prefill-ms-per-token", float, 0.02, "milliseconds of prefill per prompt token"),
     Knob("seed", int, 0, "seed of the accept-length noise and of sampled (temperature > 0) text"),

@@ -36,7 +36,6 @@ from .supervisor import Supervisor
 
 logger = logging.getLogger("sglang_sim")
 
-SIGTERM_POLL_S = 5.0  # sigterm_watchdog: asyncio.sleep(5)
 SCHEDULER_EXIT_TIMEOUT_S = 15.0  # _SCHEDULER_EXIT_TIMEOUT_SECS
 UVICORN_TICK_S = 0.1  # uvicorn's main loop checks should_exit every 0.1 s
 WARMUP_PROMPT = "The capital city of France is"
@@ -181,13 +180,15 @@ class Lifecycle:
             )
             if not remaining:
                 break
-            time.sleep(SIGTERM_POLL_S)
+            time.sleep(self.ns.sim_sigterm_poll)
         return self._shutdown()
 
     def _sleep_to_next_tick(self) -> bool:
-        """Sleep to the watchdog's next 5 s tick; True when uvicorn was asked to exit meanwhile (SIGINT)."""
+        """Sleep to the watchdog's next tick (every 5 s in SGLang: sigterm_watchdog's asyncio.sleep(5); the
+        sigterm-poll knob); True when uvicorn was asked to exit meanwhile (SIGINT)."""
+        poll = self.ns.sim_sigterm_poll
         elapsed = time.monotonic() - self.state.handle_loop_started
-        delay = SIGTERM_POLL_S - (elapsed % SIGTERM_POLL_S)
+        delay = poll - (elapsed % poll)
         return self.uvicorn_exit.wait(delay)
 
     def _shutdown(self) -> int:

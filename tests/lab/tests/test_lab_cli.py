@@ -34,6 +34,9 @@ def run_lab(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
         (["--mig", "two"], "--mig must be GPU:SPEC"),
         (["--gpus", "2", "--mig", "2:2"], "--mig names GPU 2 but hosts have 2 GPU(s)"),
         (["--gpu-reserved-mib", "-1"], "--gpu-reserved-mib must be from 0 to 81558, got -1"),
+        (["--sim-env", "PATH=/tmp"], "--sim-env must be SGLANG_SIM_NAME=VALUE"),
+        (["--sim-env", "SGLANG_SIM_SIGTERM_POLL"], "--sim-env must be SGLANG_SIM_NAME=VALUE"),
+        (["--sim-env", "SGLANG_SIM_FAULTS=a b"], "--sim-env must be SGLANG_SIM_NAME=VALUE"),
         (["--name", "Lab_1"], "--name must be 1-6 lowercase letters or digits"),
         (["--name", "lab1"], "--name must be 1-6 lowercase letters or digits"),
     ],
@@ -178,8 +181,14 @@ def test_each_host_gets_the_venvs_ninja_a_shared_claims_dir_and_its_mig_devices(
     assert payload.mig_uuids("lab1", 4, {1: "2", 3: "1g.10gb"}) == [m.uuid for g in gpus for m in g.mig]
     # The driver's reservation: simgpu's default (an idle H100 80GB HBM3's), or the lab's --gpu-reserved-mib.
     assert payload.simgpu_state.reserved_mib(root / "var/lib/simgpu") == payload.simgpu_state.DEFAULT_RESERVED_MIB
-    payload.install(root, "lab1", "10.213.0.2", "10.213.0.1", "ssh-ed25519 AAAA\n", 4, build, reserved_mib=1536)
+    assert not (root / payload.SIM_ENV_CONF.lstrip("/")).exists()
+    payload.install(root, "lab1", "10.213.0.2", "10.213.0.1", "ssh-ed25519 AAAA\n", 4, build, reserved_mib=1536,
+                    sim_env={"SGLANG_SIM_SIGTERM_POLL": "1", "SGLANG_SIM_LOAD_TIME": "0.5"})  # fmt: skip
     assert payload.simgpu_state.reserved_mib(root / "var/lib/simgpu") == 1536
+    # --sim-env: systemd's default environment for every unit the host starts.
+    assert (root / payload.SIM_ENV_CONF.lstrip("/")).read_text() == (
+        '[Manager]\nDefaultEnvironment="SGLANG_SIM_LOAD_TIME=0.5" "SGLANG_SIM_SIGTERM_POLL=1"\n'
+    )
     version = [sys.executable, str(payload.NINJA_STANDIN), "--version"]
     stand_in = subprocess.run(version, capture_output=True, text=True, check=True)
     assert stand_in.stdout == "1.13.0\n"
