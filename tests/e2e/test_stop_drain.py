@@ -35,7 +35,8 @@ OTHER_PORT = 30001
 OTHER_UNIT = "t-engine.service"
 # 10 ms per decode step: a burst of 300-token streams lasts several seconds, longer than the stop takes to begin.
 # The engine takes GPU 0 and leaves GPU 1 to the other worker. Its drain looks every 5 s, as SGLang's does (the
-# test lab's default is 1 s, tests/e2e/conftest.py): a stop that does not wait for SGLang's own drain shows only then.
+# test labs run 1 s, TEST_LAB_OPTIONS in tests/lab/labctl/cli.py): a stop that does not wait for SGLang's own drain
+# shows only then.
 SERVICE = {
     "sglang_service_tp_size": 1,
     "sglang_service_gpus": [0],
