@@ -154,8 +154,8 @@ class Verdict:
         }
 
 
-# How long a holder that /proc does not show may stay listed before it counts as another PID namespace's: the
-# driver lists a process until its CUDA context is torn down, a moment after the process is gone.
+# How long a holder out of reach may stay listed before it is refused: the driver lists a process until its CUDA
+# context is torn down, a moment after the process is gone from /proc.
 EXITED_HOLDER_WAIT_S = 2.0
 
 
@@ -163,8 +163,8 @@ EXITED_HOLDER_WAIT_S = 2.0
 class GpuListContext:
     """Whose GPU list it is: the unit that will run on it, the running units ({name: state}), the option's name in
     the messages, and where /proc is. ``relist`` lists the GPUs again (as gpu_query.query_gpus does), to tell a
-    holder that exited after the first listing from one of another PID namespace; without it, every holder that
-    /proc does not show is refused."""
+    holder that exited after the first listing from one that holds the GPU; without it, every holder out of reach
+    at the first look is refused."""
 
     unit: str | None = None
     running_units: dict | None = None
@@ -189,7 +189,7 @@ class GpuListCheck:
         self.relist = context.relist
         self.relist_timeout = context.relist_timeout
         self.verdict = Verdict()
-        self.unseen = []
+        self.doubtful = []
 
     def _refuse(self, rule: str, detail: str) -> None:
         shown = "[" + ", ".join(self.selectors) + "]"
@@ -238,7 +238,7 @@ class GpuListCheck:
             )
         for gpu in verdict.devices:
             self._check_holders(gpu)
-        self._check_unseen_holders()
+        self._judge_doubtful_holders()
         return verdict
 
     def _in_reach(self, proc) -> bool:
@@ -266,15 +266,18 @@ class GpuListCheck:
             )
             return
         for holder in gpu.processes:
-            proc = read_process(holder.pid, self.proc_root)
             entry = {"gpu": gpu.index, "uuid": gpu.uuid, "pid": holder.pid, "mib": holder.used_mib}
-            entry.update(title=proc.title if proc else None, unit=proc.unit if proc else None)
-            entry["in_reach"] = proc is not None and self._in_reach(proc)
+            proc = self._look_at(holder, entry)
             self.verdict.holders.append(entry)
-            if proc is None:
-                self.unseen.append((gpu, holder, entry))
-            elif not entry["in_reach"]:
-                self._refuse_holder(gpu, holder, f"pid {holder.pid} {proc.title!r} {self._owner(proc)}")
+            if not entry["in_reach"]:
+                self.doubtful.append((gpu, holder, entry, proc))
+
+    def _look_at(self, holder, entry: dict):
+        """Fill ``entry`` from what /proc shows of the holder now; the process, or None when /proc does not show it."""
+        proc = read_process(holder.pid, self.proc_root)
+        entry.update(title=proc.title if proc else None, unit=proc.unit if proc else None)
+        entry["in_reach"] = proc is not None and self._in_reach(proc)
+        return proc
 
     def _refuse_holder(self, gpu: Gpu, holder, whose: str) -> None:
         rule = f"must name GPUs that no process outside {self.unit} holds" if self.unit else "must name free GPUs"
@@ -283,10 +286,12 @@ class GpuListCheck:
         where = f"{gpu.display} ({gpu.uuid})"
         self._refuse(rule, f"{where} holds {memory} of {whose}; {stop}: stop that process or name other GPUs")
 
-    def _check_unseen_holders(self) -> None:
-        """Refuse the holders /proc did not show that the GPUs, listed again until they are gone or for
-        ``relist_timeout`` seconds, still show; forget the others, which exited after the first listing."""
-        listed = {(gpu.uuid, holder.pid) for gpu, holder, _entry in self.unseen}
+    def _judge_doubtful_holders(self) -> None:
+        """Refuse the holders out of reach only once the GPUs, listed again until they are gone or for
+        ``relist_timeout`` seconds, still show them, and /proc, read again, still puts them out of reach. A process
+        that is exiting (a restarting unit's scheduler) can be listed on the GPU and then be gone from /proc, or
+        show no cgroup, by the time /proc is read; it leaves the listing a moment later and is forgotten."""
+        listed = {(gpu.uuid, holder.pid) for gpu, holder, _entry, _proc in self.doubtful}
 
         def all_exited() -> bool:
             try:
@@ -296,14 +301,22 @@ class GpuListCheck:
             listed.intersection_update((gpu.uuid, process.pid) for gpu in inventory for process in gpu.processes)
             return not listed
 
-        if listed and self.relist is not None:
+        relisted = bool(listed) and self.relist is not None
+        if relisted:
             wait_for(all_exited, self.relist_timeout, interval=0.2)
-        for gpu, holder, entry in self.unseen:
+        for gpu, holder, entry, proc in self.doubtful:
             if (gpu.uuid, holder.pid) not in listed:
                 self.verdict.holders.remove(entry)
                 continue
-            whose = f"pid {holder.pid}, which this host's /proc does not show (a process of another PID namespace"
-            self._refuse_holder(gpu, holder, whose + ", such as a container)")
+            if relisted:
+                proc = self._look_at(holder, entry)
+            if entry["in_reach"]:
+                continue
+            if proc is None:
+                whose = f"pid {holder.pid}, which this host's /proc does not show (a process of another PID namespace"
+                self._refuse_holder(gpu, holder, whose + ", such as a container)")
+            else:
+                self._refuse_holder(gpu, holder, f"pid {holder.pid} {proc.title!r} {self._owner(proc)}")
 
 
 def check_gpu_list(selectors, inventory: list, layout: Layout, **options) -> Verdict:

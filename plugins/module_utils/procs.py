@@ -18,6 +18,8 @@ PF_KTHREAD = 0x00200000  # include/linux/sched.h
 KTHREADD_PID = 2
 MAX_POLL_INTERVAL = 0.2
 UNIT_SUFFIXES = (".service", ".scope")
+# kernel/cgroup/cgroup.c (proc_cgroup_show): a zombie whose cgroup was removed before it was reaped.
+DELETED_CGROUP_SUFFIX = " (deleted)"
 # Subreapers (PR_SET_CHILD_SUBREAPER) cannot be read from /proc for another process. The usual
 # subreaper on a systemd host is a per-user manager (`systemd --user`), so a parent whose
 # command is `systemd` is taken as one.
@@ -104,6 +106,8 @@ def unit_from_cgroup_file(text: str) -> tuple:
         elif hierarchy == "0" and controllers == "":
             unified_path = path
     path = systemd_path if systemd_path is not None else (unified_path or "")
+    if path.endswith(DELETED_CGROUP_SUFFIX):
+        path = path[: -len(DELETED_CGROUP_SUFFIX)]
     return path, unit_from_cgroup_path(path)
 
 
@@ -127,7 +131,10 @@ def read_process(pid: int, proc_root: str = "/proc") -> ProcessInfo | None:
         return None
     raw_cmdline = _read_text(os.path.join(base, "cmdline")) or ""
     argv = [arg for arg in raw_cmdline.rstrip("\0").split("\0") if arg] if raw_cmdline else []
-    cgroup_path, unit = unit_from_cgroup_file(_read_text(os.path.join(base, "cgroup")) or "")
+    cgroup_text = _read_text(os.path.join(base, "cgroup"))
+    if cgroup_text is None:  # exited after its stat was read
+        return None
+    cgroup_path, unit = unit_from_cgroup_file(cgroup_text)
     is_kernel_thread = bool(stat.flags & PF_KTHREAD) or KTHREADD_PID in (pid, stat.ppid)
     return ProcessInfo(
         pid=pid,

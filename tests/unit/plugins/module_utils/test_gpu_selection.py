@@ -267,6 +267,39 @@ def test_a_holder_that_exits_between_the_listing_and_the_look_at_proc_is_not_ref
     assert gpus.queries == 2
 
 
+def test_a_holder_out_of_every_unit_as_it_exits_is_not_refused_once_the_gpus_no_longer_list_it(host):
+    """A restarting unit's scheduler read from /proc as it exits: its cgroup is gone, so it shows outside every unit
+    (or its cgroup removed before it was reaped); a moment later the GPU listing no longer shows it."""
+    proc, gpus, running = host
+    proc.add(213, ppid=1, argv=["python3", "-m", "sglang.launch_server"], cgroup="0::/")
+    proc.add(214, ppid=213, argv=["sglang::scheduler_TP0"], cgroup="0::/")
+    gpus.claim(214, 0, 10949)
+
+    def relist():
+        proc.remove(214)
+        return gpus()
+
+    options = {"unit": UNIT, "running_units": running, "label": LABEL, "proc_root": str(proc.root)}
+    verdict = check_gpu_list(["0"], gpus()[1], parse_layout(1), relist=relist, **options)
+    assert verdict.problems == [] and verdict.holders == []
+
+
+def test_a_holder_out_of_reach_that_stays_listed_is_refused_as_proc_shows_it_after_listing_again(host):
+    proc, gpus, running = host
+    proc.add(400, ppid=1, argv=["python3", "train.py"], cgroup="0::/")
+    gpus.claim(400, 0, 2000)
+
+    def relist():
+        proc.add(400, ppid=1, argv=["python3", "train.py"], cgroup="0::/system.slice/batch.service")
+        return gpus()
+
+    options = {"unit": UNIT, "running_units": running, "label": LABEL, "proc_root": str(proc.root)}
+    verdict = check_gpu_list(["0"], gpus()[1], parse_layout(1), relist=relist, relist_timeout=0.3, **options)
+    (problem,) = verdict.problems
+    assert f"GPU 0 ({UUID0}) holds 2000 MiB of pid 400 'python3' of the unit batch.service;" in problem
+    assert [holder["unit"] for holder in verdict.holders] == ["batch.service"]
+
+
 def test_without_a_unit_every_holder_is_refused(host):
     proc, gpus, _running = host
     proc.add(101, ppid=1, argv=["sglang::scheduler"], cgroup=f"0::/system.slice/{UNIT}")

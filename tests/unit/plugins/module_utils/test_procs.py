@@ -51,6 +51,8 @@ CGROUP_HYBRID = """5:cpu,cpuacct:/
         ),
         ("0::/\n", "/", None),
         ("", "", None),
+        # A zombie whose cgroup was removed before it was reaped (kernel/cgroup/cgroup.c, proc_cgroup_show).
+        ("0::/system.slice/sglang.service (deleted)\n", "/system.slice/sglang.service", "sglang.service"),
     ],
 )
 def test_unit_from_cgroup_file_handles_v1_v2_and_hybrid(text, path, unit):
@@ -88,6 +90,12 @@ def test_kernel_threads_are_recognised(fake, pid, ppid, flags):
 def test_missing_process_reads_as_none(fake):
     assert procs.read_process(999, str(fake.root)) is None
     assert not procs.is_alive(999, str(fake.root))
+
+
+def test_a_process_that_exits_after_its_stat_was_read_reads_as_none_not_as_outside_every_unit(fake):
+    fake.add(303, argv=["sglang::scheduler_TP0"], cgroup="0::/system.slice/sglang.service\n")
+    (fake.root / "303" / "cgroup").unlink()
+    assert procs.read_process(303, str(fake.root)) is None
 
 
 def test_list_processes_and_pids_of_unit(fake):
