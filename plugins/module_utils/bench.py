@@ -295,18 +295,21 @@ def run_requests(send, prompts: list, concurrency: int, clock=time.monotonic, st
 
     ``send(prompt) -> RequestResult`` is called from worker threads; each worker should own its connection.
     With ``stop_on_failure`` no request is sent after the first one that failed (those in flight still run to
-    their end or their timeout), and the results hold only the requests sent.
+    their end or their timeout), and the results hold only the requests sent. ``send`` returns None to decline a
+    prompt (a budget ran out): no later prompt is sent either, and the results leave it out.
     """
     results = [None] * len(prompts)
     next_index = iter(range(len(prompts)))
     lock = threading.Lock()
     failed = threading.Event()
+    declined = threading.Event()
     started = clock()
 
     def worker():
         while True:
             with lock:
-                index = None if stop_on_failure and failed.is_set() else next(next_index, None)
+                stopped = (stop_on_failure and failed.is_set()) or declined.is_set()
+                index = None if stopped else next(next_index, None)
             if index is None:
                 return
             begun = clock()
@@ -314,6 +317,9 @@ def run_requests(send, prompts: list, concurrency: int, clock=time.monotonic, st
                 result = send(prompts[index])
             except Exception as exc:  # a worker must never die silently and leave a hole in the results
                 result = RequestResult(False, latency_s=clock() - begun, error=f"{type(exc).__name__}: {exc}")
+            if result is None:
+                declined.set()
+                return
             result.start_s = begun - started
             results[index] = result
             if not result.success:
@@ -374,30 +380,65 @@ class BenchSettings(OptionSet):
         return builtin_prompts(count)
 
 
-def run_benchmark(settings: BenchSettings, client_factory, clock=time.monotonic, wall=time.time) -> dict:
+class RequestSender:
+    """Sends one request on a client of a pool prepared up front, within ``request_timeout`` and what is left of
+    ``budget_s`` (counted from this object's creation); once the budget has run out it declines (returns None)."""
+
+    def __init__(self, settings: BenchSettings, client_factory, clock=time.monotonic, budget_s: float | None = None):
+        self.settings = settings
+        self.clock = clock
+        self.budget_s = budget_s
+        self.deadline = None if budget_s is None else clock() + budget_s
+        self.cut = threading.Event()
+        # At most `concurrency` requests are in flight, so a pool of that many clients never runs dry.
+        self.idle_clients = queue.SimpleQueue()
+        previous = None
+        for _number in range(min(settings.concurrency, max(settings.warmup_requests, settings.num_prompts))):
+            previous = client_factory().prepare(like=previous)
+            self.idle_clients.put(previous)
+
+    def expired(self) -> bool:
+        """Whether the budget has run out (and something was left out because of it)."""
+        if self.deadline is None or self.clock() < self.deadline:
+            return False
+        self.cut.set()
+        return True
+
+    def __call__(self, prompt: str) -> RequestResult | None:
+        settings = self.settings
+        timeout = settings.request_timeout
+        if self.deadline is not None:
+            left = self.deadline - self.clock()
+            if left <= 0:
+                self.cut.set()
+                return None
+            timeout = min(timeout, left)
+        client = self.idle_clients.get()
+        try:
+            result = client.timed_generate(
+                prompt, settings.max_new_tokens, timeout, settings.ignore_eos, settings.temperature
+            )
+        finally:
+            self.idle_clients.put(client)
+        if not result.success and timeout < settings.request_timeout and self.expired():
+            result.error = f"stopped when the budget of {self.budget_s:g} s ran out: {result.error}"
+        return result
+
+
+def run_benchmark(
+    settings: BenchSettings, client_factory, clock=time.monotonic, wall=time.time, budget_s: float | None = None
+) -> dict:
     """Warm up, then run the measured requests ``repeats`` times; return the metrics plus what was run.
 
     ``client_factory()`` gives a new StreamingBenchClient; each request in flight uses one of its own, prepared
     before any request is timed. Each run records when its requests started and ended (``started_at``,
     ``ended_at``: seconds since the epoch, this host's clock). With ``stop_on_failure`` the first failed
     request ends the benchmark: no later request and no later run is sent (``stopped_early``, ``unsent_requests``).
+    With ``budget_s`` the whole benchmark, warm-up included, ends that many seconds after it began: no request is
+    sent later, a request still running then fails with the budget in its error, and ``out_of_budget`` says
+    whether the budget cut anything short.
     """
-    # At most `concurrency` requests are in flight, so a pool of that many clients never runs dry.
-    idle_clients = queue.SimpleQueue()
-    previous = None
-    for _number in range(min(settings.concurrency, max(settings.warmup_requests, settings.num_prompts))):
-        previous = client_factory().prepare(like=previous)
-        idle_clients.put(previous)
-
-    def send(prompt: str) -> RequestResult:
-        client = idle_clients.get()
-        try:
-            return client.timed_generate(
-                prompt, settings.max_new_tokens, settings.request_timeout, settings.ignore_eos, settings.temperature
-            )
-        finally:
-            idle_clients.put(client)
-
+    send = RequestSender(settings, client_factory, clock, budget_s)
     began = clock()
     stop = settings.stop_on_failure
     unsent = 0
@@ -416,7 +457,8 @@ def run_benchmark(settings: BenchSettings, client_factory, clock=time.monotonic,
     prompts = settings.prompts(settings.num_prompts)
     runs = []
     for _repeat in range(settings.repeats):
-        if stop and (warmup["failed_requests"] or any(run["failed_requests"] for run in runs)):
+        failed_before = warmup["failed_requests"] or any(run["failed_requests"] for run in runs)
+        if (stop and failed_before) or send.expired():
             unsent += len(prompts)
             continue
         started_at = wall()
@@ -436,4 +478,6 @@ def run_benchmark(settings: BenchSettings, client_factory, clock=time.monotonic,
         stopped_early=unsent > 0,
         unsent_requests=unsent,
     )
+    if budget_s is not None:
+        metrics["out_of_budget"] = send.cut.is_set()
     return metrics

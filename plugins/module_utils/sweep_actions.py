@@ -9,8 +9,10 @@ Private to the llmops.inference collection; not a public API. ``params`` are the
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from ansible_collections.llmops.inference.plugins.module_utils.bench import BenchInputError, BenchSettings
+from ansible_collections.llmops.inference.plugins.module_utils.bench_levels import LEVEL_OPTIONS
 from ansible_collections.llmops.inference.plugins.module_utils.redact import Redactor
 from ansible_collections.llmops.inference.plugins.module_utils.sweep_choice import (
     applied_choice,
@@ -38,11 +40,15 @@ from ansible_collections.llmops.inference.plugins.module_utils.sweep_plot import
     render_png,
 )
 from ansible_collections.llmops.inference.plugins.module_utils.sweep_records import (
-    STAGE_NOT_RUN,
+    MEASURED,
     LevelOutcome,
     LevelRun,
+    PointBenchmark,
     build_level_record,
     build_load,
+    point_level_records,
+    progress_document,
+    stops_point,
     summarize,
 )
 from ansible_collections.llmops.inference.plugins.module_utils.sweep_render import csv_text, markdown, rules
@@ -55,6 +61,8 @@ SWEEP_BENCH_OPTIONS = (
     "ignore_eos", "temperature",
 )  # fmt: skip
 BENCH_DEFAULTS = {name: BenchSettings.DEFAULTS[name] for name in SWEEP_BENCH_OPTIONS}
+# The numbers of a progress file's context: sglang_bench keeps the context as given, so they may come as text.
+CONTEXT_NUMBERS = ("point_started_at", "apply_s", "load_s")
 REPORT_FILES = {
     "json": "results.json",
     "csv": "results.csv",
@@ -165,6 +173,8 @@ def plan_sweep(params: dict, run: dict, now: float, write: bool = True) -> dict:
     store = ResultsDir(params["results_dir"])
     run = dict(run, started_at=now, hosts=hosts)
     retry_failed = params.get("retry_failed", False)
+    earlier = (store.read_definition() or {}) if params["resume"] else {}
+    earlier_runs = [item.get("run_id") for item in earlier.get("runs") or []]
     if write:
         started = store.start_run(definition, params["resume"], run, now, retry_failed)
         done, replaced = started["done"], started["replaced"]
@@ -172,6 +182,13 @@ def plan_sweep(params: dict, run: dict, now: float, write: bool = True) -> dict:
         store.check_writable()
         done = store.done_levels(retry_failed) if params["resume"] else {}
         replaced = None
+    recovered = {}
+    if params["resume"]:
+        planned = {point.id: [level["concurrency"] for level in sizes] for point in points}
+        for record in recover_levels(store, params.get("leftover_progress"), planned, earlier_runs, write):
+            recovered.setdefault(record["point"]["id"], []).append(record["concurrency"])
+            if record["status"] == MEASURED or not retry_failed:
+                done.setdefault(record["point"]["id"], []).append(record["concurrency"])
     pending, complete, partial = [], [], {}
     for point in points:
         missing = [level for level in sizes if level["concurrency"] not in done.get(point.id, [])]
@@ -180,7 +197,9 @@ def plan_sweep(params: dict, run: dict, now: float, write: bool = True) -> dict:
             continue
         if len(missing) < len(sizes):
             partial[point.id] = sorted(done[point.id])
-        pending.append(dict(point.as_dict(), levels=missing))
+        # Each level as sglang_bench's levels option takes it; the point's benchmark may take all their budgets.
+        to_measure = [{key: level[key] for key in LEVEL_OPTIONS} for level in missing]
+        pending.append(dict(point.as_dict(), levels=to_measure, budget_s=sum(level["budget_s"] for level in missing)))
     plan = assign(pending, hosts, node_groups)
     return {
         "run_id": run["run_id"],
@@ -194,6 +213,7 @@ def plan_sweep(params: dict, run: dict, now: float, write: bool = True) -> dict:
         "assignment": plan,
         "stability_window": params.get("stability_window", 0),
         "replaced": replaced,
+        "recovered": recovered,
         "level_warnings": level_warnings(levels, params.get("host_args") or {}),
     }
 
@@ -207,14 +227,9 @@ def _bare_point(point: dict) -> dict:
     return {key: point[key] for key in ("id", "steps", "topk", "draft_tokens")}
 
 
-def record_levels(params: dict, write: bool = True) -> dict:
-    """Record one level (``concurrency``) or, when a load failed or a level was not run, several (``levels``).
-
-    Every string recorded is redacted: ``api_key`` (the server's key) and the API-key forms of redact.py.
-    """
-    levels = params.get("levels") or [params.get("concurrency")]
-    if any(level is None for level in levels):
-        raise SweepInputError("concurrency", "or levels must name the load level(s) to record")
+def _point_run(params: dict) -> LevelRun:
+    """The point, host, run and load every level record of one call shares (each level sets its own concurrency
+    and times)."""
     load = build_load(
         params.get("point_started_at") or params["started_at"],
         params.get("load_s"),
@@ -222,39 +237,86 @@ def record_levels(params: dict, write: bool = True) -> dict:
         apply_s=params.get("apply_s"),
         first_failure=params.get("first_failure"),
     )
-    one = len(levels) == 1
-    records = [
-        build_level_record(
-            LevelRun(
-                _bare_point(params["point"]),
-                int(level),
-                params["host"],
-                params["run_id"],
-                params["started_at"],
-                params["finished_at"],
-                load,
-            ),
-            LevelOutcome(
-                gate=params.get("gate"),
-                benchmark=params.get("benchmark") if one else None,
-                error=params.get("error"),
-                journal=params.get("journal"),
-                not_run=params.get("not_run"),
-            ),
+    return LevelRun(
+        _bare_point(params["point"]), 0, params["host"], params["run_id"], params["started_at"],
+        params["finished_at"], load,
+    )  # fmt: skip
+
+
+def record_levels(params: dict, write: bool = True) -> dict:
+    """Record one level (``concurrency``) or several (``levels``): from one benchmark of all of them (``benchmark``
+    and ``bench_progress``, see sweep_records.point_level_records), or all failed the same way (the point's load
+    failed, ``error``, ``not_run``).
+
+    Every string recorded is redacted: ``api_key`` (the server's key) and the API-key forms of redact.py.
+    """
+    levels = params.get("levels") or [params.get("concurrency")]
+    if any(level is None for level in levels):
+        raise SweepInputError("concurrency", "or levels must name the load level(s) to record")
+    run = _point_run(params)
+    one_benchmark = params.get("levels") and (
+        params.get("benchmark") is not None or params.get("bench_progress") is not None
+    )
+    if one_benchmark:
+        bench = PointBenchmark(
+            params.get("benchmark"),
+            progress_document(params.get("bench_progress")),
+            params["started_at"],
+            params["finished_at"],
         )
-        for level in levels
-    ]
+        records = point_level_records(run, [int(level) for level in levels], params.get("gate"), bench)
+    else:
+        one = len(levels) == 1
+        outcome = LevelOutcome(
+            gate=params.get("gate"),
+            benchmark=params.get("benchmark") if one else None,
+            error=params.get("error"),
+            journal=params.get("journal"),
+            not_run=params.get("not_run"),
+        )
+        records = [build_level_record(replace(run, concurrency=int(level)), outcome) for level in levels]
     # The journal, the errors and the benchmark's messages may quote the engine's command line or its
     # server_args: the API key never reaches the results directory (nor the module's result).
     records = Redactor([params.get("api_key")]).value(records)
     store = ResultsDir(params["results_dir"])
     paths = [store.write_level(record) for record in records] if write else []
-    stops = None
-    failed = [record for record in records if record["status"] != "measured" and record["stage"] != STAGE_NOT_RUN]
-    if failed:
-        first = failed[0]
-        stops = f"not run: the point failed at concurrency {first['concurrency']} ({first['stage']}): {first['reason']}"
+    stops = next((stops_point(record) for record in records if stops_point(record)), None)
     return {"records": records, "paths": paths, "status": records[0]["status"], "stops_point": stops}
+
+
+def recover_levels(store: ResultsDir, contents, planned: dict, earlier_runs: list, write: bool = True) -> list:
+    """Record the levels that the benchmarks of an interrupted run ended on their hosts but that never reached the
+    controller: ``contents`` are their progress files (text or base64), whose ``context`` holds the record options
+    of the point (``run_id``, ``point``, ``host``, ``point_started_at``, ``apply_s``, ``load_s``, ``gate``,
+    ``first_failure``). Only levels of ``earlier_runs`` of this results directory, in ``planned`` ({point id:
+    [concurrency]}) and not recorded yet are recorded; a level cut short is left to be measured again. Returns
+    the records written (or, with ``write`` false, that would be)."""
+    recorded = store.done_levels()
+    recovered = []
+    for content in contents or []:
+        progress = progress_document(content)
+        context = (progress or {}).get("context") or {}
+        point_id = (context.get("point") or {}).get("id")
+        if context.get("run_id") not in earlier_runs or point_id not in planned:
+            continue
+        at = progress.get("updated_at")
+        try:
+            numbers = {key: None if context.get(key) is None else float(context[key]) for key in CONTEXT_NUMBERS}
+            run = _point_run(dict(context, **numbers, started_at=at, finished_at=at))
+            bench = PointBenchmark(None, progress, at, at)
+            planned_here = progress.get("planned") or []
+            records = point_level_records(run, planned_here, context.get("gate"), bench, record_unfinished=False)
+        except (KeyError, TypeError, ValueError):
+            continue  # not a progress file of this collection's sweep
+        for record in Redactor().value(records):
+            levels = recorded.setdefault(point_id, [])
+            if record["concurrency"] in levels or record["concurrency"] not in planned[point_id]:
+                continue
+            if write:
+                store.write_level(record)
+            levels.append(record["concurrency"])
+            recovered.append(record)
+    return recovered
 
 
 def write_reports(params: dict, now: float, write: bool = True) -> dict:

@@ -63,7 +63,7 @@ SPECULATIVE_MAX_RUNNING_REQUESTS = 48
 SLO_STATS = ("mean", "median", "p90", "p95", "p99")
 SLO_LATENCIES = ("ttft", "tpot", "itl", "e2e_latency")
 SLO_KEYS = tuple(f"{stat}_{name}_ms" for stat in SLO_STATS for name in SLO_LATENCIES)
-# Seconds a level's sglang_bench task may take beyond its requests: the module's start over SSH, its client pool.
+# Seconds a level may take beyond its requests: the module's start over SSH, its client pool, the engine readings.
 LEVEL_START_MARGIN_S = 30.0
 
 
@@ -361,8 +361,9 @@ def level_plan(levels: list, bench: dict, repeats: int, warmup_requests: int) ->
     max(num_prompts, batch size)), at most C in flight, ``repeats`` times; the first level a load measures is
     preceded by the warm-up. Its budget is the time those requests may take when each one runs for the whole
     ``request_timeout``: (ceil(warm-up / C) + repeats * ceil(requests / C)) * request_timeout, plus
-    LEVEL_START_MARGIN_S for the module's start. It bounds the level's task; a level that hangs ends sooner,
-    one request_timeout after its first stuck request (sglang_bench's stop_on_failure).
+    LEVEL_START_MARGIN_S for the module's start. sglang_bench ends the level at its budget, and the point's one
+    benchmark task of all its levels may take the sum of theirs; a level that hangs ends sooner, one
+    request_timeout after its first stuck request (sglang_bench's stop_on_failure).
     """
     timeout = float(bench["request_timeout"])
     plan = []

@@ -9,8 +9,11 @@ made from the rows are in sweep_choice.py, the reports in sweep_render.py.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ansible_collections.llmops.inference.plugins.module_utils.restart.result import flat_view
 
@@ -222,6 +225,91 @@ def build_level_record(level: LevelRun, outcome: LevelOutcome) -> dict:
         },
         "repeats": [_run_metrics(run) for run in runs],
     }
+
+
+def stops_point(record: dict) -> str | None:
+    """Why the point's heavier levels are recorded as not run once ``record`` failed; None when it did not fail
+    (or was itself not run)."""
+    if record["status"] == MEASURED or record["stage"] == STAGE_NOT_RUN:
+        return None
+    return f"not run: the point failed at concurrency {record['concurrency']} ({record['stage']}): {record['reason']}"
+
+
+def progress_document(content) -> dict | None:
+    """The progress file of a point's benchmark (sglang_bench's ``progress_path``), from its text or its base64 (as
+    ansible.builtin.slurp returns it); None when it cannot be read."""
+    if not isinstance(content, str) or not content.strip():
+        return None
+    try:
+        text = base64.b64decode(content, validate=True).decode("utf-8")
+    except (binascii.Error, ValueError):
+        text = content
+    try:
+        document = json.loads(text)
+    except ValueError:
+        return None
+    return document if isinstance(document, dict) and isinstance(document.get("levels"), list) else None
+
+
+@dataclass
+class PointBenchmark:
+    """What one benchmark of all a point's levels left: ``benchmark`` is the sglang_bench task's result (its
+    ``levels`` when it ended by itself; a failed or timed-out task's result otherwise), ``progress`` its progress
+    file (progress_document), ``started_at`` / ``finished_at`` when the task began and when it was recorded."""
+
+    benchmark: dict | None
+    progress: dict | None
+    started_at: float
+    finished_at: float
+
+    def ended(self) -> dict:
+        """{concurrency: result} of the levels that ended: the task's own, else those in the progress file."""
+        benchmark = self.benchmark or {}
+        entries = benchmark["levels"] if isinstance(benchmark.get("levels"), list) else None
+        if entries is None:
+            entries = (self.progress or {}).get("levels") or []
+        return {entry.get("concurrency"): entry for entry in entries if isinstance(entry, dict)}
+
+    def unfinished(self, concurrency: int) -> tuple:
+        """(benchmark, started_at) to record a level that has no result with: the task's failure (a timeout), and
+        when the level began if the progress file says so."""
+        benchmark = self.benchmark
+        if isinstance((benchmark or {}).get("levels"), list):
+            benchmark = {"failed": True, "msg": f"no result for concurrency {concurrency}: {benchmark.get('msg')}"}
+        running = (self.progress or {}).get("running") or {}
+        started = running.get("level_started_at") if running.get("concurrency") == concurrency else None
+        return benchmark, started or self.started_at
+
+
+def point_level_records(
+    run: LevelRun, levels: list, gate: dict | None, bench: PointBenchmark, record_unfinished: bool = True
+) -> list:
+    """The records of a point's ``levels`` (in order) from its one benchmark: each level that ended with its own
+    result and times (the host's clock), the first without a result as failed with the task's failure (with
+    ``record_unfinished``; without it, that level and the later ones are left out: a resumed sweep measures them), and
+    every level after a failed one as not run. ``run`` gives the point, host, run id and load of every level (its
+    concurrency and times are each level's own)."""
+    ended = bench.ended()
+    records, stops = [], None
+    for concurrency in levels:
+        result = ended.get(concurrency)
+        if stops:
+            times, outcome = (bench.finished_at, bench.finished_at), LevelOutcome(gate=gate, not_run=stops)
+        elif result is not None:
+            times = (
+                result.get("level_started_at") or bench.started_at,
+                result.get("level_ended_at") or bench.finished_at,
+            )
+            outcome = LevelOutcome(gate=gate, benchmark=result, journal=result.get("journal_tail"))
+        elif record_unfinished:
+            benchmark, started = bench.unfinished(concurrency)
+            times, outcome = (started, bench.finished_at), LevelOutcome(gate=gate, benchmark=benchmark)
+        else:
+            break
+        level = replace(run, concurrency=int(concurrency), started_at=times[0], finished_at=times[1])
+        records.append(build_level_record(level, outcome))
+        stops = stops or stops_point(records[-1])
+    return records
 
 
 def _values(repeats: list, key: str) -> list:

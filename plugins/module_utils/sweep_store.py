@@ -9,12 +9,14 @@ Layout of ``sweep_results_dir``::
 
     sweep.json                      what is swept and how it is measured, and the history of runs
     points/<id>/c<concurrency>.json one record per point and load level (measured or failed), written when
-                                    that level ends
+                                    the point's benchmark ends
     results.*, results-*            the reports (sweep_render.py), rewritten at the end of every run
 
-A level's file is written atomically as soon as the level ends, by whichever host ran it, so a killed
-sweep loses at most the level in progress, and a re-run with resume measures only the levels that have no
-file: a point with some of its levels recorded is loaded again for the others only.
+The levels' files of a point are written atomically when the one benchmark of all its levels ends (or is cut
+short), for whichever host ran it. Until then each level that ended is kept on that host, in the benchmark's
+progress file, which a resumed sweep records first: a killed sweep loses at most the level in progress, and a
+re-run with resume measures only the levels that have no file: a point with some of its levels recorded is
+loaded again for the others only.
 """
 
 from __future__ import annotations

@@ -22,9 +22,13 @@ description:
     multi-node engine, O(node_groups)). Errors name the playbook variable (C(sweep_*)).
   - O(action=budget) works out one host's load budget - how long a point's restart chain may take until its gate
     passes - from the engine the host runs before the sweep (O(unit_status)), or O(load_timeout).
-  - O(action=record) writes one measured level (O(concurrency)) or several failed ones (O(levels)) to
-    C(points/<point id>/c<concurrency>.json), atomically, as soon as the level ends, and says in RV(stops_point)
-    whether the point's heavier levels are to be recorded as not run.
+  - O(action=record) writes one level (O(concurrency_level)) or several (O(levels)) to
+    C(points/<point id>/c<concurrency>.json), atomically - several from one M(llmops.inference.sglang_bench) call
+    that measured them all (O(benchmark), and O(bench_progress) when that call was cut short), or several failed
+    the same way (the point's load failed, O(error), O(not_run)). Once a level failed, the point's heavier levels
+    are recorded as not run; RV(stops_point) says why.
+  - With O(resume), O(action=plan) first records the levels that an interrupted run's benchmarks ended on the hosts
+    but that never reached the controller (O(leftover_progress)), so they are not measured again.
   - O(action=report) writes C(results.json) (every level record with its raw runs and timestamps, the per-level
     summary, the best point per level with its margin and spread, the robust and SLA choices, the Pareto frontier,
     each rule in words, this run's timing), C(results.csv) (one row per raw run), C(results.md) (the same as
@@ -162,6 +166,17 @@ options:
         C(replaced-<time>/) in O(results_dir).
     type: bool
     default: false
+  leftover_progress:
+    description:
+      - For O(action=plan) with O(resume). The progress files (O(llmops.inference.sglang_bench#module:progress_path))
+        that the benchmarks of an interrupted run left on the hosts, each as M(ansible.builtin.slurp) returns its
+        C(content) (base64) or as JSON text; their C(context) holds the O(action=record) options of the point
+        (O(run_id), O(point), O(host), O(point_started_at), O(apply_s), O(load_s), O(gate), O(first_failure)).
+      - The levels they hold that ended, belong to an earlier run of O(results_dir), are planned and are not
+        recorded yet are recorded first (RV(recovered)); a level cut short is measured again. Files of other
+        sweeps are ignored.
+    type: list
+    elements: str
   retry_failed:
     description:
       - For O(action=plan) with O(resume). Measure the levels recorded as failed (or not run) again.
@@ -213,7 +228,8 @@ options:
     type: int
   levels:
     description:
-      - For O(action=record). Instead of O(concurrency_level) - several levels recorded as failed at once (the point's
+      - For O(action=record). Instead of O(concurrency_level) - the point's levels to record, in the order they were
+        measured - from O(benchmark) (and O(bench_progress)) when given, else all failed the same way (the point's
         load failed, O(error) or O(not_run)).
     type: list
     elements: int
@@ -227,11 +243,14 @@ options:
     type: float
   started_at:
     description:
-      - For O(action=record). When the level started (seconds since the epoch, controller clock).
+      - For O(action=record). When the level started (seconds since the epoch, controller clock); with O(levels) and
+        O(benchmark), when the benchmark's task started (a level that ended keeps its own times from the benchmark,
+        on the host's clock).
     type: float
   finished_at:
     description:
-      - For O(action=record). When the level ended (seconds since the epoch, controller clock).
+      - For O(action=record). When the level ended (seconds since the epoch, controller clock); with O(levels) and
+        O(benchmark), when the benchmark's task ended.
     type: float
   apply_s:
     description:
@@ -248,7 +267,19 @@ options:
   benchmark:
     description:
       - For O(action=record). The level's M(llmops.inference.sglang_bench) result (its C(runs) are the repeats).
+      - With O(levels), the result of the one M(llmops.inference.sglang_bench) call with
+        O(llmops.inference.sglang_bench#module:levels) that measured them, whose
+        RV(llmops.inference.sglang_bench#module:levels) are recorded when it ended by itself; when its task failed or
+        timed out, that failure is recorded for the first level without a result (the levels that ended before come
+        from O(bench_progress)), and the later ones as not run.
     type: dict
+  bench_progress:
+    description:
+      - For O(action=record) with O(levels) and O(benchmark). The progress file of that benchmark
+        (O(llmops.inference.sglang_bench#module:progress_path)) as M(ansible.builtin.slurp) returns its C(content)
+        (base64), or as JSON text - read when the benchmark's task did not return the levels itself (it timed out).
+        The level under way then is recorded from the time the file says it started.
+    type: str
   first_failure:
     description:
       - For O(action=record). Why the point's first load failed, when it was loaded once more (the sweep's
@@ -340,8 +371,10 @@ partial:
   type: dict
 assignment:
   description:
-    - Per host, the points it runs in this run, each with the C(levels) left to measure (O(action=plan)). The hosts
-      of a multi-node engine share its points.
+    - Per host, the points it runs in this run (O(action=plan)), each with the C(levels) left to measure as
+      M(llmops.inference.sglang_bench) takes them in O(llmops.inference.sglang_bench#module:levels) (C(concurrency),
+      C(num_prompts), C(budget_s)) and C(budget_s), the sum of their budgets - the most the point's benchmark task may
+      take. The hosts of a multi-node engine share its points.
   returned: success
   type: dict
 definition:
@@ -365,6 +398,13 @@ rejected:
   returned: failure
   type: list
   elements: dict
+recovered:
+  description:
+    - Per point, the levels recorded from O(leftover_progress) (O(action=plan) with O(resume)); they count as
+      recorded in RV(done) and RV(partial).
+  returned: success
+  type: dict
+  sample: {"steps004-topk01-draft005": [1, 8]}
 replaced:
   description: Where earlier results were moved (O(action=plan) without O(resume)), or null.
   returned: success
@@ -391,7 +431,8 @@ status:
   returned: success
   type: str
 stops_point:
-  description: When a level failed - the reason to record the point's heavier levels with as not run (O(action=record)).
+  description:
+    - When a level failed - why the point's heavier levels are recorded as not run, their reason (O(action=record)).
   returned: success
   type: str
 summary:
@@ -498,10 +539,11 @@ ARGUMENT_SPEC = {
     "tolerance": {"type": "float", "default": 0.02},
     "levels": {"type": "list", "elements": "int"},
     "journal": {"type": "list", "elements": "str"},
+    "leftover_progress": {"type": "list", "elements": "str"},
     "concurrency_level": {"type": "int"},
     # What one action reads about a host or a point, each optional and with no default.
     **_optional("dict", "unit_status", "point", "gate", "benchmark"),
-    **_optional("str", "run_id", "host", "error", "not_run", "first_failure"),
+    **_optional("str", "run_id", "host", "error", "not_run", "first_failure", "bench_progress"),
     **_optional("float", "role_wait_s", "load_timeout", "apply_s", "load_s"),
     **_optional("float", "point_started_at", "started_at", "finished_at"),
     "api_key": {"type": "str", "no_log": True},
@@ -538,8 +580,11 @@ def main():
             msg = f"load budget {shown} ({result['source']})"
         elif action == "record":
             result = record_levels(dict(params, concurrency=params["concurrency_level"]), write=write)
-            levels = ", ".join(str(record["concurrency"]) for record in result["records"])
-            msg = f"point {params['point'].get('id')} at concurrency {levels}: {result['status']}"
+            outcomes = ", ".join(
+                f"concurrency {record['concurrency']} {'not run' if record['stage'] == 'not run' else record['status']}"
+                for record in result["records"]
+            )
+            msg = f"point {params['point'].get('id')}: {outcomes}"
         else:
             result = write_reports(params, time.time(), write=write)
             choice = result["choice"]

@@ -324,14 +324,39 @@ def wait_for(predicate, proc: subprocess.Popen, deadline: float, what: str):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def point_id(steps: int) -> str:
+    return f"steps{steps:03d}-topk01-draft{steps + 1:03d}"
+
+
 def level_file(results_dir: Path, steps: int, level: int) -> Path:
-    return results_dir / "points" / f"steps{steps:03d}-topk01-draft{steps + 1:03d}" / f"c{level:04d}.json"
+    return results_dir / "points" / point_id(steps) / f"c{level:04d}.json"
+
+
+# The levels a point's benchmark has ended on the host: its progress file (sglang_bench's progress_path, under the
+# sweep's state directory), written as each level ends; the controller records them when the benchmark ends.
+HOST_LEVELS = """
+import glob, json, sys
+ended = []
+for path in glob.glob("/var/lib/llmops/sweep/bench/*/" + sys.argv[1] + ".json"):
+    try:
+        with open(path) as handle:
+            ended += [level["concurrency"] for level in json.load(handle)["levels"]]
+    except (OSError, ValueError, KeyError):
+        pass
+print(json.dumps(ended))
+"""
+
+
+def ended_on_host(lab, host: str, steps: int, level: int) -> bool:
+    proc = lab.exec(host, f"python3 - {point_id(steps)} <<'EOF'\n{HOST_LEVELS}\nEOF")
+    return proc.returncode == 0 and level in json.loads(proc.stdout or "[]")
 
 
 def test_failures_keep_the_other_levels_and_a_resumed_sweep_measures_only_what_is_missing(sweep_lab, tmp_path):
     """On one host: point steps 2 crashes after its first level, steps 9 runs out of memory while loading,
-    steps 3 hangs after its first level, and the playbook is killed after steps 4's first level; run again with
-    sweep_resume, only steps 4's other levels are measured."""
+    steps 3 hangs after its first level, and the playbook is killed after steps 4's first level ended on the host
+    (before its benchmark ended, so before anything of steps 4 reached the controller); run again with sweep_resume,
+    the levels of steps 4 that ended on the host are recorded from there, and only the others are measured."""
     host = sweep_lab.hosts[1]
     steps = [2, 9, 3, 4]
     # Two runs per level: a hanging level that waited for every request would take 2 x 10 s. Short runs (2
@@ -343,13 +368,13 @@ def test_failures_keep_the_other_levels_and_a_resumed_sweep_measures_only_what_i
     proc = subprocess.Popen(cmd, env=sweep_lab.env(), start_new_session=True, stdout=subprocess.DEVNULL)
     deadline = time.monotonic() + 400
     try:
-        wait_for(lambda: level_file(tmp_path, 2, 1).exists(), proc, deadline, "steps 2 at concurrency 1")
+        wait_for(lambda: ended_on_host(sweep_lab, host, 2, 1), proc, deadline, "steps 2 at concurrency 1")
         crash = sweep_lab.exec(host, f"systemctl kill --signal=SIGKILL {UNIT}.service")
         assert crash.returncode == 0, crash.stderr
-        wait_for(lambda: level_file(tmp_path, 3, 1).exists(), proc, deadline, "steps 3 at concurrency 1")
+        wait_for(lambda: ended_on_host(sweep_lab, host, 3, 1), proc, deadline, "steps 3 at concurrency 1")
         hang = sweep_lab.exec(host, f"kill -STOP $(systemctl show -P MainPID {UNIT}.service)")
         assert hang.returncode == 0, hang.stderr
-        wait_for(lambda: level_file(tmp_path, 4, 1).exists(), proc, deadline, "steps 4 at concurrency 1")
+        wait_for(lambda: ended_on_host(sweep_lab, host, 4, 1), proc, deadline, "steps 4 at concurrency 1")
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
@@ -361,10 +386,19 @@ def test_failures_keep_the_other_levels_and_a_resumed_sweep_measures_only_what_i
     levels = levels_of(results)
     assert sorted(levels) == sorted((point, level) for point in steps for level in LEVELS)
     second = {key for key, record in levels.items() if record["run_id"] == runs[1]}
+
+    def path(steps: int, level: int) -> str:
+        return f"points/{point_id(steps)}/c{level:04d}.json"
+
+    # Recorded by the resumed run from the host's progress file, with the killed run's id: steps 4's first level,
+    # and any later one that the killed run's benchmark (left running on the host) ended before the resumed run
+    # read the file.
+    recovered = {key for key, record in levels.items() if record["run_id"] == runs[0] and path(*key) not in first}
+    assert (4, 1) in recovered, recovered
     # exactly what the killed run had not recorded, and no more
-    assert {f"points/steps{s:03d}-topk01-draft{s + 1:03d}/c{c:04d}.json" for s, c in second}.isdisjoint(first)
-    assert len(first) + len(second) == len(steps) * len(LEVELS)
-    assert {point for point, _level in second} == {4}
+    assert {path(*key) for key in second}.isdisjoint(first) and second.isdisjoint(recovered)
+    assert len(first) + len(recovered) + len(second) == len(steps) * len(LEVELS)
+    assert {point for point, _level in second | recovered} == {4}
     assert all(levels[(4, level)]["status"] == "measured" for level in LEVELS)
 
     for point, cause in ((2, "crash"), (3, "hang")):

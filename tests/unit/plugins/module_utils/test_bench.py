@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import os
+import stat
 import threading
 import time
 
 import pytest
-from fake_sglang_server import FakeSglang, callable_route, hang_route, json_route, stream_route
+from fake_sglang_server import SLOW_DAY_S, FakeSglang, callable_route, hang_route, json_route, stream_route
 
+from ansible_collections.llmops.inference.plugins.module_utils import bench_levels
 from ansible_collections.llmops.inference.plugins.module_utils.bench import (
     BenchInputError,
     BenchSettings,
@@ -20,6 +24,14 @@ from ansible_collections.llmops.inference.plugins.module_utils.bench import (
     percentile,
     run_benchmark,
     run_requests,
+)
+from ansible_collections.llmops.inference.plugins.module_utils.bench_levels import (
+    BenchLevel,
+    BenchProgress,
+    EngineWatch,
+    check_progress_path,
+    parse_levels,
+    run_levels,
 )
 
 
@@ -334,3 +346,171 @@ def test_each_run_records_when_its_requests_started_and_ended_and_the_rate_per_u
     # each request: 4 tokens over its E2E latency; the server's rate is the sum over the duration
     assert 0 < run["output_throughput_per_user"] < run["output_throughput"]
     assert result["unsent_requests"] == 0 and result["stopped_early"] is False
+
+
+def test_a_budget_ends_the_benchmark_and_says_so_in_the_errors(server):
+    server.routes["/generate"] = hang_route()
+    settings = BenchSettings(
+        url=server.url, num_prompts=4, concurrency=2, warmup_requests=0, repeats=2, request_timeout=30
+    ).validate()
+    began = time.monotonic()
+    result = run_benchmark(settings, lambda: StreamingBenchClient(settings.url), budget_s=0.4)
+    # the first wave's two requests are cut at the budget, not at their 30 s request timeout
+    assert time.monotonic() - began < 0.4 + SLOW_DAY_S
+    assert result["out_of_budget"] is True
+    assert (result["failed_requests"], result["unsent_requests"], result["stopped_early"]) == (2, 2 + 4, True)
+    assert result["errors"][0]["error"].startswith("stopped when the budget of 0.4 s ran out: ")
+
+
+def test_run_requests_sends_nothing_after_a_declined_prompt():
+    def send(prompt):
+        return None if prompt == "c" else RequestResult(True, completion_tokens=1)
+
+    results, _duration = run_requests(send, list("abcdef"), concurrency=1)
+    assert [result.completion_tokens for result in results] == [1, 1]
+
+
+def test_levels_run_in_order_on_one_server_with_the_warm_up_before_the_first_only(server):
+    server.routes["/generate"] = stream_route(chunks(2, 4, meta={"spec_verify_ct": 2}))
+    settings = BenchSettings(url=server.url, num_prompts=3, warmup_requests=2, repeats=2).validate()
+    levels = parse_levels([{"concurrency": 1, "num_prompts": 2}, {"concurrency": 4, "budget_s": 60}], 3)
+    assert levels == [BenchLevel(1, 2), BenchLevel(4, 3, 60.0)]
+    result = run_levels(settings, levels, lambda: StreamingBenchClient(settings.url))
+    assert len(server.requests) == 2 + 2 * 2 + 2 * 3
+    first, second = result["levels"]
+    assert (first["concurrency"], first["max_concurrency"], first["num_prompts"]) == (1, 1, 2)
+    assert (second["concurrency"], second["max_concurrency"], second["num_prompts"]) == (4, 4, 3)
+    assert (first["warmup"]["requests"], second["warmup"]["requests"]) == (2, 0)
+    assert [level["completed"] for level in result["levels"]] == [4, 6]
+    assert first["level_started_at"] <= first["level_ended_at"] <= second["level_started_at"]
+    assert (first["budget_s"], second["budget_s"], second["out_of_budget"]) == (None, 60.0, False)
+    assert result["levels_not_run"] == []
+
+
+def failing_after(requests: int) -> dict:
+    """A /generate route that streams for the first ``requests`` requests, then answers 503."""
+    served = {"count": 0}
+    lock = threading.Lock()
+
+    def route(request):
+        with lock:
+            served["count"] += 1
+            healthy = served["count"] <= requests
+        return stream_route(chunks(2)) if healthy else json_route({"detail": "busy"}, status=503)
+
+    return callable_route(route)
+
+
+def test_a_failed_level_ends_the_benchmark_and_the_heavier_levels_are_not_run(server):
+    levels = [BenchLevel(1, 2), BenchLevel(2, 2), BenchLevel(4, 4)]
+    server.routes["/generate"] = failing_after(2)
+    stopping = BenchSettings(url=server.url, warmup_requests=0, stop_on_failure=True).validate()
+    result = run_levels(stopping, levels, lambda: StreamingBenchClient(stopping.url))
+    assert [level["concurrency"] for level in result["levels"]] == [1, 2]
+    assert result["levels"][1]["failed_requests"] >= 1
+    assert result["levels_not_run"] == [4]
+    server.routes["/generate"] = failing_after(2)
+    going_on = BenchSettings(url=server.url, warmup_requests=0).validate()
+    everything = run_levels(going_on, levels, lambda: StreamingBenchClient(going_on.url))
+    assert [level["concurrency"] for level in everything["levels"]] == [1, 2, 4]
+    assert everything["levels_not_run"] == []
+
+
+def test_each_level_is_in_the_progress_file_as_soon_as_it_ends(server, tmp_path):
+    path = tmp_path / "state" / "bench" / "point.json"
+    seen = []
+    lock = threading.Lock()
+
+    def generate(request):
+        with lock:  # what a reader of the file finds when the second level's first request arrives
+            if len(server.requests) > 2 and not seen:
+                seen.append(json.loads(path.read_text()))
+        return stream_route(chunks(2))
+
+    server.routes["/generate"] = callable_route(generate)
+    context = {"run_id": "r1", "note": "launched with --api-key sk-live-1"}
+    progress = BenchProgress(str(path), context, [1, 2], secrets=["s3cret"])
+    progress.start()
+    assert json.loads(path.read_text())["levels"] == []
+    settings = BenchSettings(url=server.url, num_prompts=2, warmup_requests=0).validate()
+    result = run_levels(settings, [BenchLevel(1, 2), BenchLevel(2, 2)], lambda: StreamingBenchClient(settings.url),
+                        progress=progress)  # fmt: skip
+    (during,) = seen
+    assert [level["concurrency"] for level in during["levels"]] == [1]
+    assert during["running"]["concurrency"] == 2 and during["finished"] is False
+    after = json.loads(path.read_text())
+    assert [level["completed"] for level in after["levels"]] == [level["completed"] for level in result["levels"]]
+    assert (after["running"], after["not_run"], after["finished"], after["planned"]) == (None, [], True, [1, 2])
+    assert after["context"] == {"run_id": "r1", "note": "launched with --api-key ********"}
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    assert not [name for name in os.listdir(path.parent) if name != "point.json"]  # no temporary file left
+
+
+def test_a_level_ends_at_its_budget_and_the_heavier_levels_are_not_run(server):
+    hangs = {"after": 2}
+
+    def generate(request):
+        hangs["after"] -= 1
+        return stream_route(chunks(2)) if hangs["after"] >= 0 else hang_route()
+
+    server.routes["/generate"] = callable_route(generate)
+    settings = BenchSettings(url=server.url, warmup_requests=0, request_timeout=30, stop_on_failure=True).validate()
+    began = time.monotonic()
+    result = run_levels(
+        settings, [BenchLevel(1, 2), BenchLevel(2, 2, budget_s=0.5), BenchLevel(4, 4)],
+        lambda: StreamingBenchClient(settings.url),
+    )  # fmt: skip
+    assert time.monotonic() - began < 0.5 + SLOW_DAY_S
+    cut = result["levels"][1]
+    assert (cut["concurrency"], cut["out_of_budget"], cut["failed_requests"]) == (2, True, 2)
+    assert "budget of 0.5 s ran out" in cut["errors"][0]["error"]
+    assert result["levels"][0]["out_of_budget"] is False
+    assert result["levels_not_run"] == [4]
+
+
+@pytest.mark.parametrize(
+    ("levels", "message"),
+    [
+        ([], "levels: must list at least one level"),
+        ("8", "levels: must list at least one level"),
+        ([8], r"levels\[0\]: must be a mapping of concurrency, num_prompts, budget_s"),
+        ([{"concurrency": 1, "waves": 3}], r"levels\[0\]: has unknown keys \['waves'\]; accepted: concurrency"),
+        ([{"num_prompts": 4}], r"levels\[0\]\.concurrency: must be an integer >= 1, got None"),
+        ([{"concurrency": 1}, {"concurrency": 0}], r"levels\[1\]\.concurrency: must be an integer >= 1, got 0"),
+        ([{"concurrency": 2, "num_prompts": 0}], r"levels\[0\]\.num_prompts: must be an integer >= 1, got 0"),
+        ([{"concurrency": 2, "budget_s": 0}], r"levels\[0\]\.budget_s: must be a number of seconds > 0, got 0"),
+        ([{"concurrency": 2, "budget_s": "soon"}], r"levels\[0\]\.budget_s: must be a number of seconds > 0"),
+        ([{"concurrency": 8}, {"concurrency": 8}], r"levels\[1\]\.concurrency: 8 is listed twice"),
+    ],
+)
+def test_bad_levels_name_the_entry_and_what_is_accepted(levels, message):
+    with pytest.raises(BenchInputError, match=message):
+        parse_levels(levels, 32)
+
+
+def test_a_progress_path_must_be_an_absolute_file_path():
+    assert check_progress_path("/var/lib/llmops/sweep/bench/p.json") == "/var/lib/llmops/sweep/bench/p.json"
+    for bad in ("bench/p.json", "/var/lib/llmops/", None):
+        with pytest.raises(BenchInputError, match="progress_path: must be the absolute path of a file on the host"):
+            check_progress_path(bad)
+
+
+def test_each_level_names_its_engine_and_a_restart_reads_the_engine_again(monkeypatch):
+    readings = iter([{"main_pid": 10, "forked_at": 1.0}, {"main_pid": 10, "forked_at": 1.0},
+                     {"main_pid": 11, "forked_at": 9.0}, {"main_pid": 11, "forked_at": 9.0}])  # fmt: skip
+    full = []
+
+    def engine_times(run, unit, ready=True):
+        full.append(ready)
+        return dict(next(readings))
+
+    monkeypatch.setattr(bench_levels, "engine_times", engine_times)
+    monkeypatch.setattr(bench_levels, "journal_tail", lambda run, unit: ["Killed"])
+    watch = EngineWatch(None, "sglang.service")
+    first = watch.before()
+    assert watch.restarted(first) is False
+    assert watch.before() is first  # the same engine: no second full reading (no journal search)
+    assert watch.restarted(first) is True
+    assert watch.before() == {"main_pid": 11, "forked_at": 9.0}
+    assert full == [True, False, False, True]

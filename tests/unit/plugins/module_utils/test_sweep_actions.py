@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 
 import pytest
@@ -14,6 +15,7 @@ from ansible_collections.llmops.inference.plugins.module_utils.sweep_actions imp
 )
 from ansible_collections.llmops.inference.plugins.module_utils.sweep_plan import SweepInputError
 from ansible_collections.llmops.inference.plugins.module_utils.sweep_plot import plot_available
+from ansible_collections.llmops.inference.plugins.module_utils.sweep_records import progress_document
 from ansible_collections.llmops.inference.plugins.module_utils.sweep_store import ResultsDir
 
 
@@ -91,7 +93,12 @@ def test_plan_assigns_points_in_turn_with_their_levels_and_resume_measures_only_
     assert plan["pending"] == [entry["id"] for entry in plan["points"]]
     assert [entry["steps"] for entry in plan["assignment"]["h1"]] == [1, 3, 5]
     assert [entry["steps"] for entry in plan["assignment"]["h2"]] == [2, 4]
-    assert [level["concurrency"] for level in plan["assignment"]["h1"][0]["levels"]] == [1, 8]
+    # each point's levels as sglang_bench takes them, and the budget of its one benchmark of them all
+    assert plan["assignment"]["h1"][0]["levels"] == [
+        {"concurrency": 1, "num_prompts": 4, "budget_s": 9 * 120.0 + 30},
+        {"concurrency": 8, "num_prompts": 8, "budget_s": 3 * 120.0 + 30},
+    ]
+    assert plan["assignment"]["h1"][0]["budget_s"] == 12 * 120.0 + 60
     assert plan["levels"] == [
         {"concurrency": 1, "num_prompts": 4, "waves": 1 + 2 * 4, "budget_s": 9 * 120.0 + 30},
         {"concurrency": 8, "num_prompts": 8, "waves": 1 + 2 * 1, "budget_s": 3 * 120.0 + 30},
@@ -238,3 +245,136 @@ def test_a_recorded_failure_never_holds_the_api_key(tmp_path):
         failed["records"][0]["journal_tail"][0]
         == "server_args=ServerArgs(model_path='m', api_key='********', port=30000)"
     )
+
+
+def level_result(concurrency: int, throughput: float, failed: int = 0, started: float = 5000.0) -> dict:
+    """One level of a point's sglang_bench call with levels, as the module returns it."""
+    errors = [{"error": "/generate returned HTTP 503", "count": failed}] if failed else []
+    run = {"completed": 8 - failed, "failed_requests": failed, "output_throughput": throughput, "errors": errors,
+           "started_at": started + 1, "ended_at": started + 3}  # fmt: skip
+    return {"concurrency": concurrency, "runs": [run], "repeats": 1, "elapsed_s": 3.0, "failed_requests": failed,
+            "warmup": {"requests": 0, "failed_requests": 0}, "engine": {"main_pid": 102, "forked_at": 902.0},
+            "engine_restarted": False, "level_started_at": started, "level_ended_at": started + 4,
+            "budget_s": 100.0, "out_of_budget": False,
+            "journal_tail": ["RuntimeError: scheduler died"] if failed else None}  # fmt: skip
+
+
+def point_params(results_dir, plan: dict, steps: int, **extra) -> dict:
+    """What the sweep's record task passes for one point measured at every level by one benchmark."""
+    params = {
+        "results_dir": str(results_dir),
+        "point": next(item for item in plan["assignment"]["h2"] if item["steps"] == steps),
+        "levels": [1, 8, 32],
+        "host": "h2",
+        "run_id": plan["run_id"],
+        "point_started_at": 4000.0,
+        "started_at": 4990.0,
+        "finished_at": 5100.0,
+        "apply_s": 0.5,
+        "load_s": 9.5,
+        "gate": {"healthy": True, "service": {"main_pid": 102}},
+        "first_failure": None,
+    }
+    params.update(extra)
+    return params
+
+
+def test_one_benchmark_of_all_levels_records_each_and_a_failed_level_stops_the_heavier_ones(tmp_path):
+    plan = plan_sweep(plan_params(tmp_path, concurrency=[1, 8, 32]), {"run_id": "r1"}, now=1000.0)
+    benchmark = {"levels": [level_result(1, 100.0), level_result(8, 300.0, failed=2, started=5010.0)],
+                 "levels_not_run": [32], "msg": "sglang_bench: 2 of 3 level(s) run"}  # fmt: skip
+    recorded = record_levels(point_params(tmp_path, plan, 2, benchmark=benchmark))
+    first, second, third = recorded["records"]
+    assert (first["status"], first["started_at"], first["finished_at"]) == ("measured", 5000.0, 5004.0)
+    assert first["load"]["load_s"] == 9.5 and first["bench"]["engine"]["main_pid"] == 102
+    assert (second["status"], second["stage"], second["started_at"]) == ("failed", "benchmark", 5010.0)
+    assert second["reason"] == (
+        "benchmark run 1: 2 of 8 requests failed: /generate returned HTTP 503; journal: RuntimeError: scheduler died"
+    )
+    assert second["journal_tail"] == ["RuntimeError: scheduler died"]
+    stops = "not run: the point failed at concurrency 8 (benchmark): " + second["reason"]
+    assert (third["status"], third["stage"], third["reason"]) == ("failed", "not run", stops)
+    assert (third["started_at"], third["finished_at"], third["journal_tail"]) == (5100.0, 5100.0, [])
+    assert recorded["stops_point"] == stops
+    assert ResultsDir(str(tmp_path)).done_levels() == {first["point"]["id"]: [1, 8, 32]}
+
+
+def test_a_timed_out_benchmark_keeps_the_levels_its_progress_file_holds(tmp_path):
+    plan = plan_sweep(plan_params(tmp_path, concurrency=[1, 8, 32]), {"run_id": "r1"}, now=1000.0)
+    timed_out = {"failed": True, "msg": "Task failed: Timed out after 1290 second(s).", "timedout": {"period": 1290}}
+    running = {"concurrency": 8, "level_started_at": 5004.5}
+    progress = {"context": {}, "planned": [1, 8, 32], "levels": [level_result(1, 100.0)], "running": running,
+                "not_run": [], "finished": False}  # fmt: skip
+    slurped = base64.b64encode(json.dumps(progress).encode()).decode()
+    recorded = record_levels(point_params(tmp_path, plan, 2, benchmark=timed_out, bench_progress=slurped))
+    first, cut, after = recorded["records"]
+    assert first["status"] == "measured" and first["repeats"][0]["output_throughput"] == 100.0
+    assert (cut["status"], cut["stage"]) == ("failed", "benchmark")
+    assert cut["reason"] == "benchmark failed: Task failed: Timed out after 1290 second(s)."
+    assert (cut["started_at"], cut["finished_at"]) == (5004.5, 5100.0)  # from when the file says it began
+    assert (after["stage"], after["reason"]) == ("not run", recorded["stops_point"])
+    # no progress file (the benchmark never started): its failure is the first level's, the rest are not run
+    nothing = record_levels(point_params(tmp_path / "other", plan, 2, benchmark=timed_out), write=False)
+    assert [(item["stage"], item["started_at"]) for item in nothing["records"]] == [
+        ("benchmark", 4990.0), ("not run", 5100.0), ("not run", 5100.0)
+    ]  # fmt: skip
+
+
+def test_a_progress_file_is_read_from_base64_or_text_and_nothing_else():
+    document = {"levels": [], "running": None}
+    assert progress_document(json.dumps(document)) == document
+    assert progress_document(base64.b64encode(json.dumps(document).encode()).decode()) == document
+    for unreadable in (None, "", "not json", base64.b64encode(b"[1, 2]").decode(), json.dumps({"no": "levels"})):
+        assert progress_document(unreadable) is None
+
+
+JOURNAL = ["launch: python -m sglang.launch_server --api-key sk-live-1", "RuntimeError: scheduler died"]
+
+
+def leftover(plan: dict, steps: int, levels: list, running=None, run_id=None) -> str:
+    """A progress file that a killed sweep's benchmark left on h2, as ansible.builtin.slurp returns it."""
+    point = next(item for item in plan["assignment"]["h2"] if item["steps"] == steps)
+    # numbers as text too: sglang_bench keeps the context as the task gave it
+    context = {"run_id": run_id or plan["run_id"], "point": point, "host": "h2", "point_started_at": "4000.0",
+               "apply_s": 0.5, "load_s": "9.5", "gate": {"healthy": True, "service": {"main_pid": 102}},
+               "first_failure": None}  # fmt: skip
+    document = {"context": context, "planned": [1, 8, 32], "levels": levels, "running": running, "not_run": [],
+                "finished": False, "updated_at": 5050.0}  # fmt: skip
+    return base64.b64encode(json.dumps(document).encode()).decode()
+
+
+def test_a_resumed_sweep_first_records_the_levels_a_killed_run_left_on_the_hosts(tmp_path):
+    params = plan_params(tmp_path, concurrency=[1, 8, 32])
+    plan = plan_sweep(params, {"run_id": "r1"}, now=1000.0)
+    steps2 = plan["assignment"]["h2"][0]["id"]
+    leftovers = [
+        leftover(plan, 2, [level_result(1, 100.0)], running={"concurrency": 8, "level_started_at": 5004.5}),
+        leftover(plan, 4, [level_result(1, 90.0), dict(level_result(8, 0.0, failed=8), journal_tail=JOURNAL)]),
+        leftover(plan, 4, [level_result(1, 1.0)], run_id="another-sweep"),  # not a run of this results directory
+        "garbage",
+    ]
+    dry = plan_sweep(dict(params, resume=True, leftover_progress=leftovers), {"run_id": "r2"}, 2000.0, write=False)
+    assert dry["recovered"] == {steps2: [1], plan["assignment"]["h2"][1]["id"]: [1, 8, 32]}
+    assert not (tmp_path / "points" / steps2).exists()
+    resumed = plan_sweep(dict(params, resume=True, leftover_progress=leftovers), {"run_id": "r2"}, now=2000.0)
+    assert resumed["recovered"] == dry["recovered"]
+    # steps 2 is measured again from the level the killed benchmark did not end; steps 4 failed at 8, so it is done
+    pending = {entry["steps"]: [level["concurrency"] for level in entry["levels"]]
+               for entries in resumed["assignment"].values() for entry in entries}  # fmt: skip
+    assert pending == {1: [1, 8, 32], 2: [8, 32], 3: [1, 8, 32], 5: [1, 8, 32]}
+    records = {
+        (record["point"]["steps"], record["concurrency"]): record
+        for record in ResultsDir(str(tmp_path)).level_records()
+    }
+    assert records[(2, 1)]["run_id"] == "r1" and records[(2, 1)]["status"] == "measured"
+    assert (records[(2, 1)]["load"]["started_at"], records[(2, 1)]["load"]["load_s"]) == (4000.0, 9.5)
+    assert records[(2, 1)]["host"] == "h2" and records[(2, 1)]["started_at"] == 5000.0
+    assert (records[(4, 8)]["stage"], records[(4, 32)]["stage"]) == ("benchmark", "not run")
+    assert records[(4, 8)]["journal_tail"][0] == "launch: python -m sglang.launch_server --api-key ********"
+    # recorded once: a second resume finds them on the controller already
+    again = plan_sweep(dict(params, resume=True, leftover_progress=leftovers), {"run_id": "r3"}, now=3000.0)
+    assert again["recovered"] == {}
+    retried = plan_sweep(dict(params, resume=True, retry_failed=True), {"run_id": "r4"}, now=4000.0)
+    assert [level["concurrency"] for level in retried["assignment"]["h2"][1]["levels"]] == [8, 32]
+    fresh = plan_sweep(dict(params, leftover_progress=leftovers), {"run_id": "r5"}, now=5000.0)
+    assert fresh["recovered"] == {}  # without resume, earlier results (and what the hosts kept) are set aside

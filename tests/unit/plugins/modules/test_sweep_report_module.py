@@ -63,3 +63,21 @@ def test_sweep_report_budget_changes_nothing(capsys, tmp_path):
     assert result["changed"] is False
     assert result["load_budget_s"] == 42.0
     assert result["msg"] == "load budget 42 s (sweep_load_timeout)"
+
+
+def test_sweep_report_records_every_level_of_one_benchmark_in_one_call(capsys, tmp_path):
+    plan = run_module(capsys, {"action": "plan", "results_dir": str(tmp_path), "steps": [2], "algorithm": "EAGLE",
+                               "hosts": ["a"], "concurrency": [1, 8], "repeats": 1})  # fmt: skip
+    point = plan["assignment"]["a"][0]
+    timed_out = {"failed": True, "msg": "Task failed: Timed out after 500 second(s)."}
+    progress = {"planned": [1, 8], "levels": [], "running": {"concurrency": 1, "level_started_at": 12.0}}
+    result = run_module(
+        capsys,
+        {"action": "record", "results_dir": str(tmp_path), "run_id": plan["run_id"], "point": point, "levels": [1, 8],
+         "host": "a", "started_at": 10.0, "finished_at": 20.0, "gate": {"healthy": True}, "benchmark": timed_out,
+         "bench_progress": json.dumps(progress)},
+    )  # fmt: skip
+    assert result["changed"] is True
+    assert result["msg"] == f"point {point['id']}: concurrency 1 failed, concurrency 8 not run"
+    assert [record["started_at"] for record in result["records"]] == [12.0, 20.0]
+    assert sorted(path.name for path in (tmp_path / "points" / point["id"]).iterdir()) == ["c0001.json", "c0008.json"]
