@@ -92,7 +92,9 @@ options:
       - The file is replaced atomically (mode C(0600)) when the benchmark starts and at each level's start and end;
         its directory is created (mode C(0700)) when missing. The API-key forms of O(api_key) are masked in it.
       - A caller whose task timed out reads the levels that ended back from it (for example with
-        M(ansible.builtin.slurp)).
+        M(ansible.builtin.slurp)). The benchmark itself goes on on the host (a closed connection does not reach it
+        while an SSH control master keeps the session); with O(stop_on_failure) it ends at the first request its
+        server refuses, such as when the engine is restarted.
     type: path
   progress_context:
     description:
