@@ -80,7 +80,10 @@ def spread(values: list) -> dict | None:
     values = [v for v in values if v is not None]
     if not values:
         return None
-    return {"min": min(values), "median": statistics.median(values), "max": max(values), "n": len(values)}
+    median = statistics.median(values)
+    if all(isinstance(v, int) for v in values) and float(median).is_integer():
+        median = int(median)  # a count: the median of an even number of runs is a float even when it is whole
+    return {"min": min(values), "median": median, "max": max(values), "n": len(values)}
 
 
 # -- formatting ------------------------------------------------------------------------------------------------------
@@ -145,6 +148,8 @@ RESTART_TARGETS = {5.0: 1.06, 60.0: 1.02}
 SERVING_TARGET_S = 1.0
 # Loads projected (labelled so) from the overheads measured at the longest measured load.
 PROJECTED_LOADS_S = (120, 300)
+# The runs whose median each target asks for.
+MIN_RUNS = 5
 # sglang_service_probe_stability_window's default, for runs whose data file does not record the window.
 ROLE_STABILITY_WINDOW_S = 5.0
 
@@ -587,6 +592,15 @@ def plain_bench_s(operator: dict) -> float:
     return total
 
 
+PER_LEVEL_TASKS = "playbooks/tasks/sweep_level.yml"
+
+
+def benchmarked_per_level(one_host: list) -> bool:
+    """Whether the sweep of these runs ran a module per load level and recorded each (tasks/sweep_level.yml), as
+    sweeps did before one ``sglang_bench`` call per point."""
+    return any(PER_LEVEL_TASKS in s.get("task_seconds_by_file", {}) for s in one_host)
+
+
 def task_files(one_host: list) -> str:
     """The task files the one-host sweep spent most time in (median of the runs), engine loads included."""
     files = sorted({name for s in one_host for name in s.get("task_seconds_by_file", {})})
@@ -651,6 +665,10 @@ def sweep_scaling_figures(data: dict) -> list:
 def sweep_figures(data: dict) -> list:
     settings = data["settings"]
     points = len(settings["steps"])
+    per_level = benchmarked_per_level(samples(data, side="one_host"))
+    calls = (
+        "a module run per level and per record" if per_level else "one benchmark run for all its levels and one record"
+    )
 
     def over_engine(one, operator):
         return one["seconds"] / (sum(fork_to_ready(one)) + plain_bench_s(operator))
@@ -728,7 +746,7 @@ def sweep_figures(data: dict) -> list:
             "per point the playbook writes the drop-in (the role's preflight and the point's validation "
             f"{settings.get('role_preflight', 'at every point')}), runs the restart chain (lock, "
             f"drain, reaper check, probe gate with its generation and a {windows['points']:g} s stability window; "
-            "the restart figures time each step) and a module run per level and per record (the task "
+            f"the restart figures time each step) and {calls} (the task "
             "time by file above); the loop runs `systemctl restart` and its requests; the fixed cost per point "
             "weighs most at short loads",
         ),
@@ -743,7 +761,7 @@ def sweep_figures(data: dict) -> list:
             "<= 1.5 s",
             at_most(1.5),
             [],
-            "the restart chain's steps and a module run per level and per record, each an Ansible task",
+            f"the restart chain's steps and {calls}, each an Ansible task",
         ),
         Figure(
             "sweep_vs_bench_speculative",
@@ -810,7 +828,8 @@ def sweep_figures(data: dict) -> list:
             "<= 1.15",
             at_most(1.15),
             [f"engine starts per point during the points phase: {show(forks)} (1.0: no extra load for the levels)"],
-            "the restart chain's fixed cost per point and the bench module's start-up per level",
+            "the restart chain's fixed cost per point and the bench module's start-up per "
+            + ("level" if per_level else "point"),
         ),
     ]
 
@@ -1096,9 +1115,27 @@ def header(run: str, files: dict) -> list:
         f"Python {machine['python']}, {machine['ansible']}.\n",
         "- Per benchmark (its lab, the machine's load average when it started):\n",
         *(benchmark_line(name, data) for name, data in sorted(files.items(), key=lambda item: item[1]["started"])),
+        runs_line(files),
         "- Regenerate this page from the committed data: `python tests/bench/write_performance.py` (add "
-        "`--run NAME` for another run under docs/performance/). Measure again: `make bench` as root.\n\n",
+        f"`--run NAME` for another run under docs/performance/). Measure again: {measure_command(files)} as root.\n\n",
     ]
+
+
+def planned_runs(files: dict) -> list:
+    return sorted({data["rounds"] for data in files.values()})
+
+
+def runs_line(files: dict) -> str:
+    planned = planned_runs(files)
+    shown = " or ".join(map(str, planned))
+    short = f"; the targets ask for the median of at least {MIN_RUNS}" if min(planned) < MIN_RUNS else ""
+    return f"- Runs planned per benchmark: {shown}{short}.\n"
+
+
+def measure_command(files: dict) -> str:
+    """``make bench`` as this run was made: with its number of runs when every benchmark planned the same."""
+    planned = planned_runs(files)
+    return f"`LLMOPS_BENCH_RUNS={planned[0]} make bench`" if len(planned) == 1 else "`make bench`"
 
 
 def summary(sections: list) -> list:

@@ -103,6 +103,20 @@ def data_dir(tmp_path, monkeypatch):
     return tmp_path
 
 
+@pytest.mark.parametrize(
+    ("rounds", "says"),
+    [
+        (4, "- Runs planned per benchmark: 4; the targets ask for the median of at least 5.\n"),
+        (5, "- Runs planned per benchmark: 5.\n"),
+    ],
+)
+def test_the_page_says_how_many_runs_were_planned_and_how_to_measure_the_same_again(rounds, says):
+    files = {"probe": benchmark("probe", {}, [], rounds=rounds), "reap": benchmark("reap", {}, [], rounds=rounds)}
+    page = "".join(write_performance.header("20260102T030405Z", files))
+    assert says in page
+    assert f"Measure again: `LLMOPS_BENCH_RUNS={rounds} make bench` as root." in page
+
+
 def test_figures_are_medians_of_the_runs_with_their_spread_and_the_failed_runs_left_out(data_dir):
     _run, files = write_performance.load_run(None)
     figures = {figure.key: figure for figure in write_performance.restart_figures(files["restart"])}
@@ -120,6 +134,14 @@ def test_figures_are_medians_of_the_runs_with_their_spread_and_the_failed_runs_l
     against_baseline = figures["restart_5s_baseline"]
     assert against_baseline.values == pytest.approx([1.0, 1.0])  # the failed baseline run is not a sample
     assert any("1 run(s) of side baseline, load_s 5.0 failed: boom" in line for line in against_baseline.context)
+
+
+@pytest.mark.parametrize(
+    ("values", "shown"),
+    [([0, 0, 0, 0], "0 [0 to 0], 4 runs"), ([0, 1, 2, 3], "1.50 [0 to 3], 4 runs"), ([1, 2, 4], "2 [1 to 4], 3 runs")],
+)
+def test_a_count_over_an_even_number_of_runs_shows_as_a_count_when_its_median_is_whole(values, shown):
+    assert write_performance.show(write_performance.spread(values)) == shown
 
 
 @pytest.mark.parametrize(
@@ -272,6 +294,23 @@ def test_the_sweep_is_compared_with_bench_speculative_as_a_script_and_its_cost_p
            "120 s: 1.03, 300 s: 1.01" in figures["sweep_vs_loop"].context  # fmt: skip
     assert "projected, not measured, from the -20.0 s measured at 5 s: the ratio at loads of 60 s: 0.92, " \
            "120 s: 0.95, 300 s: 0.98" in figures["sweep_vs_bench_speculative"].context  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("task_files", "says", "start_up"),
+    [
+        ({"playbooks/tasks/sweep_point.yml": 1.0}, "one benchmark run for all its levels and one record", "per point"),
+        ({"playbooks/tasks/sweep_level.yml": 1.0}, "a module run per level and per record", "per level"),
+    ],
+)
+def test_the_sweep_figures_say_how_the_measured_sweep_called_its_benchmark(task_files, says, start_up):
+    data = sweep_data()
+    for sample in write_performance.samples(data, side="one_host"):
+        sample["task_seconds_by_file"] = task_files
+    figures = {figure.key: figure for figure in write_performance.sweep_figures(data)}
+    assert says in figures["sweep_vs_loop"].limits
+    assert figures["sweep_point_overhead"].limits == f"the restart chain's steps and {says}, each an Ansible task"
+    assert figures["sweep_levels"].limits.endswith(f"the bench module's start-up {start_up}")
 
 
 def test_the_noop_deploy_is_compared_with_a_ping_play_on_the_same_hosts():
