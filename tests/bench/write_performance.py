@@ -689,7 +689,7 @@ def sweep_figures(data: dict) -> list:
         loop = restore["start"] - operator["points"][0]["start"]
         return ((one["points_stop"] - one["points_start"]) - loop) / points
 
-    one, op, three = {"side": "one_host"}, {"side": "operator"}, {"side": "three_hosts"}
+    one, op = {"side": "one_host"}, {"side": "operator"}
     faithful = {"side": "bench_speculative"}
     engine = spread(paired(data, one, op, lambda a, b: sum(fork_to_ready(a)) + plain_bench_s(b)))
     load_each = spread([statistics.median(fork_to_ready(s)) for s in samples(data, **one) if fork_to_ready(s)])
@@ -707,20 +707,22 @@ def sweep_figures(data: dict) -> list:
     whole = "the whole `ansible-playbook playbooks/spec_sweep.yml` run, process start to exit (plan, host set-up, " \
             "points, final restore and report)"  # fmt: skip
     levels = len(settings["levels"])
+    at_load = f", {settings['load_s']:g} s loads"
 
     def projected(theirs: dict, their_loads: int) -> list:
         """The sweep against ``theirs`` at longer loads, from the absolute difference measured here: every engine
         start takes (longer - measured) s more on either side; the playbook loads each point once and restores once."""
         difference = spread(paired(data, one, theirs, lambda a, b: a["seconds"] - b["seconds"]))
         measured = seconds(data, **theirs)
-        if not difference or not measured:
+        shown_loads = [longer for longer in (60, *PROJECTED_LOADS_S) if longer > settings["load_s"]]
+        if not difference or not measured or not shown_loads:
             return []
         shown = ", ".join(
             f"{longer:g} s: "
             + num((measured["median"] + their_loads * (longer - settings["load_s"]) + difference["median"]
                    + (points + 1 - their_loads) * (longer - settings["load_s"]))
                   / (measured["median"] + their_loads * (longer - settings["load_s"])))
-            for longer in (60, *PROJECTED_LOADS_S)
+            for longer in shown_loads
         )  # fmt: skip
         return [f"projected, not measured, from the {num(difference['median'], ' s')} measured at "
                 f"{settings['load_s']:g} s: the ratio at loads of {shown}"]  # fmt: skip
@@ -728,7 +730,7 @@ def sweep_figures(data: dict) -> list:
     return [
         Figure(
             "sweep_vs_loop",
-            "Sweep playbook / a lean shell loop",
+            "Sweep playbook / a lean shell loop" + at_load,
             f"spec_sweep.yml on one host against tests/bench/operator/spec_loop.sh on a plain unit of the same "
             f"engine: the same grid ({grid}) and the same requests, alternating in each run",
             whole,
@@ -752,7 +754,7 @@ def sweep_figures(data: dict) -> list:
         ),
         Figure(
             "sweep_point_overhead",
-            "Sweep: cost per point beyond the lean loop's",
+            "Sweep: cost per point beyond the lean loop's" + at_load,
             "the points phase of spec_sweep.yml on one host against the lean loop's points, in the same run",
             "from the start of the points play to the start of the host's final restore, bench_timer",
             f"the loop's first point to the start of its restore, the difference divided by the {points} points",
@@ -765,7 +767,7 @@ def sweep_figures(data: dict) -> list:
         ),
         Figure(
             "sweep_vs_bench_speculative",
-            "Sweep playbook / SGLang's bench_speculative.py, done as a script",
+            "Sweep playbook / SGLang's bench_speculative.py, done as a script" + at_load,
             "spec_sweep.yml on one host against tests/bench/operator/bench_speculative.sh on a plain unit of the same "
             "engine: SGLang's scripts/playground/bench_speculative.py step for step (a server per batch size and "
             "point, /health_generate every 10 s, one warm-up batch, 5 s after each), the same grid and requests, "
@@ -784,7 +786,7 @@ def sweep_figures(data: dict) -> list:
         ),
         Figure(
             "sweep_vs_engine",
-            "Sweep playbook / the engine's own time",
+            "Sweep playbook / the engine's own time" + at_load,
             "spec_sweep.yml on one host against the time the engine itself needs for the same work",
             whole,
             "the sum over every engine start during the playbook of systemd's fork of the main process "
@@ -799,25 +801,10 @@ def sweep_figures(data: dict) -> list:
             "the collection's work per point beyond the engine's load and the requests (as above), and the "
             "playbook's plan, set-up and report",
         ),
-        Figure(
-            "sweep_three_hosts",
-            "Sweep on 3 hosts vs 1, whole playbook",
-            "spec_sweep.yml on three hosts against the same grid on one host, in the same run",
-            "the one-host playbook's wall time (process start to exit)",
-            "the three-host playbook's wall time (process start to exit)",
-            paired(data, one, three),
-            "x",
-            "none (the scaling figure has it)",
-            lambda stats, values: None,
-            [
-                f"three hosts {show(seconds(data, **three), ' s')}; the bound for {points} points and the final "
-                f"restore on 3 hosts is {num(scaling_bound(points, 3))}x"
-            ],
-        ),
         *sweep_scaling_figures(data),
         Figure(
             "sweep_levels",
-            "Sweep with load levels / (points x one load + benchmark time)",
+            "Sweep with load levels / (points x one load + benchmark time)" + at_load,
             "the points phase of spec_sweep.yml on one host against the engine time it cannot avoid",
             "from the start of the points play to the start of the host's final restore (tasks/sweep_finish.yml), "
             "bench_timer",
@@ -832,6 +819,15 @@ def sweep_figures(data: dict) -> list:
             + ("level" if per_level else "point"),
         ),
     ]
+
+
+# What a sweep at a realistic load measures: the playbook against the lean loop, not the bench_speculative.py script
+# (a load per level and point) or the scaling pair (12 points on one host), each an hour or more at such loads.
+REALISTIC_SWEEP_FIGURES = ("sweep_vs_loop", "sweep_point_overhead", "sweep_vs_engine", "sweep_levels")
+
+
+def sweep_realistic_figures(data: dict) -> list:
+    return [figure for figure in sweep_figures(data) if figure.key in REALISTIC_SWEEP_FIGURES]
 
 
 def slope(points: list) -> float:
@@ -1055,7 +1051,12 @@ BENCHMARKS = {
         progress_slow_figures,
         "tests/e2e/test_bench.py -k slow_engine",
     ),
-    "sweep": ("Speculative sweep", sweep_figures, "tests/e2e/test_bench_sweep.py"),
+    "sweep": ("Speculative sweep at a short load", sweep_figures, "tests/e2e/test_bench_sweep.py -k short_load"),
+    "sweep_realistic": (
+        "Speculative sweep at a realistic load",
+        sweep_realistic_figures,
+        "tests/e2e/test_bench_sweep.py -k realistic_load",
+    ),
     "noop_deploy": ("No-op deploy", noop_figures, "tests/e2e/test_bench_fleet.py -k noop"),
     "rolling_deploy": ("Rolling deploy under load", rolling_figures, "tests/e2e/test_bench_fleet.py -k rolling"),
 }
@@ -1086,8 +1087,13 @@ def benchmark_line(name: str, data: dict) -> str:
 def header(run: str, files: dict) -> list:
     first = next(iter(files.values()))
     machine = first["machine"]
-    started = min(d["started"] for d in files.values())
-    finished = max(d["finished"] or d["started"] for d in files.values())
+    spans = sittings(files)
+    measured = (
+        f"Measured {utc(spans[0][0])} to {utc(spans[0][1])}"
+        if len(spans) == 1
+        else f"Measured in {len(spans)} sittings ({'; '.join(f'{utc(a)} to {utc(b)}' for a, b in spans)}), each "
+        "benchmark within one"
+    )
     return [
         "# Performance\n\n",
         "Measured by `make bench` on lab hosts (systemd-nspawn containers with real systemd and SSH, simulated GPUs "
@@ -1109,7 +1115,7 @@ def header(run: str, files: dict) -> list:
         "## The run\n\n",
         f"- Raw data: [`docs/performance/{run}/`](performance/{run}/) ({len(files)} files: one per benchmark, every "
         "sample with its start and stop time, the lab settings, the machine and the commit).\n",
-        f"- Measured {utc(started)} to {utc(finished)}, every benchmark at commit `{first['commit']['sha']}` with no "
+        f"- {measured}, every benchmark at commit `{first['commit']['sha']}` with no "
         "uncommitted change (the page is written only from such a run).\n",
         f"- Machine: {machine['cores']} CPU cores, {machine['memory_gib']:g} GiB memory, Linux {machine['kernel']}, "
         f"Python {machine['python']}, {machine['ansible']}.\n",
@@ -1119,6 +1125,21 @@ def header(run: str, files: dict) -> list:
         "- Regenerate this page from the committed data: `python tests/bench/write_performance.py` (add "
         f"`--run NAME` for another run under docs/performance/). Measure again: {measure_command(files)} as root.\n\n",
     ]
+
+
+# A pause between benchmarks longer than this (a lab's start-up takes minutes) splits the run into sittings.
+SITTING_GAP_S = 30 * 60
+
+
+def sittings(files: dict) -> list:
+    """(start, end) of each stretch of the run with no pause of SITTING_GAP_S between its benchmarks."""
+    spans = []
+    for start, end in sorted((d["started"], d["finished"] or d["started"]) for d in files.values()):
+        if spans and start - spans[-1][1] <= SITTING_GAP_S:
+            spans[-1][1] = max(spans[-1][1], end)
+        else:
+            spans.append([start, end])
+    return spans
 
 
 def planned_runs(files: dict) -> list:

@@ -1,12 +1,13 @@
 """Benchmark of playbooks/spec_sweep.yml (``make bench``; not run by ``make test``).
 
-Per round, side by side: the whole sweep playbook on one host, the same grid and requests as operators run it
-without the collection on a plain unit of the same engine (tests/bench/operator/spec_loop.sh, a lean loop, and
-tests/bench/operator/bench_speculative.sh, SGLang's own scripts/playground/bench_speculative.py step for step: a
-server per batch size and point, /health_generate every 10 s, 5 s after each), the whole sweep playbook on
-three hosts, and a scaling pair of 12 points on one host and on three. The engine's own time comes from systemd
-(when it forked the engine's main process) and the engine's log (its "ready" line), and from the plain client's
-timing of the same requests; nothing of the collection is in it. Every sample goes to docs/performance/<run>/sweep.json.
+At a short (stress) load, per round, side by side: the whole sweep playbook on one host, the same grid and requests
+as operators run it without the collection on a plain unit of the same engine (tests/bench/operator/spec_loop.sh, a
+lean loop, and tests/bench/operator/bench_speculative.sh, SGLang's own scripts/playground/bench_speculative.py step
+for step: a server per batch size and point, /health_generate every 10 s, 5 s after each), and a scaling pair of 12
+points on one host and on three. At a realistic load (60 s, what real engines take to load), the playbook on one
+host against the lean loop. The engine's own time comes from systemd (when it forked the engine's main process) and
+the engine's log (its "ready" line), and from the plain client's timing of the same requests; nothing of the
+collection is in it. Every sample goes to docs/performance/<run>/sweep.json and sweep_realistic.json.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import os
 import runpy
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 from benchdata import (
@@ -46,33 +48,42 @@ STEPS = [int(value) for value in os.environ.get("LLMOPS_BENCH_SWEEP_STEPS", "1,2
 SCALING_STEPS = [
     int(value) for value in os.environ.get("LLMOPS_BENCH_SCALING_STEPS", "1,2,3,4,5,6,7,8,9,10,11,12").split(",")
 ]
-LOAD_S = os.environ.get("LLMOPS_BENCH_SWEEP_LOAD_S", "5")
+SHORT_LOAD_S = float(os.environ.get("LLMOPS_BENCH_SWEEP_LOAD_S", "5"))
+# As the restart benchmark's realistic load (tests/e2e/test_bench.py): real SGLang starts take 30 s to minutes. Two
+# points and the final restore keep each round near 7 minutes.
+REALISTIC_LOAD_S = float(os.environ.get("LLMOPS_BENCH_SWEEP_REALISTIC_LOAD_S", "60"))
+REALISTIC_STEPS = [int(value) for value in os.environ.get("LLMOPS_BENCH_SWEEP_REALISTIC_STEPS", "1,2").split(",")]
 LEVELS = [int(value) for value in os.environ.get("LLMOPS_BENCH_SWEEP_LEVELS", "1,4").split(",")]
 # Per level max(num_prompts, concurrency) requests, as sglang_bench sends them.
 BENCH = {"num_prompts": 4, "max_new_tokens": 32}
 SIZING = {"sweep_repeats": 1, "sweep_warmup_requests": 1}
 # The playbook's default: a point's gate holds no stability window; the final restore holds the role's.
 POINT_WINDOW_S = 0
-ROLE_VARS = {
-    "sglang_service_model_path": "Qwen/Qwen3-8B",
-    "sglang_service_tp_size": 1,
-    "sglang_service_speculative_algorithm": "EAGLE",
-    "sglang_service_speculative_num_steps": 3,
-    "sglang_service_speculative_eagle_topk": 1,
-    "sglang_service_speculative_num_draft_tokens": 4,
-    "sglang_service_environment": {},
-    "sglang_service_extra_args": [
-        "--sim-load-time",
-        LOAD_S,
-        "--sim-warmup-time",
-        "0.2",
-        "--sim-token-latency-ms",
-        "10",
-        # Half the default draft memory, so that the scaling pair's deepest points (12 steps) still load.
-        "--sim-mem-overhead-mib-per-draft-token",
-        "600",
-    ],
-}
+
+
+def role_vars(load_s: float) -> dict:
+    return {
+        "sglang_service_model_path": "Qwen/Qwen3-8B",
+        "sglang_service_tp_size": 1,
+        "sglang_service_speculative_algorithm": "EAGLE",
+        "sglang_service_speculative_num_steps": 3,
+        "sglang_service_speculative_eagle_topk": 1,
+        "sglang_service_speculative_num_draft_tokens": 4,
+        "sglang_service_environment": {},
+        "sglang_service_extra_args": [
+            "--sim-load-time",
+            f"{load_s:g}",
+            "--sim-warmup-time",
+            "0.2",
+            "--sim-token-latency-ms",
+            "10",
+            # Half the default draft memory, so that the scaling pair's deepest points (12 steps) still load.
+            "--sim-mem-overhead-mib-per-draft-token",
+            "600",
+        ],
+    }
+
+
 FORK_WATCH = """
 import json, subprocess, sys, time
 seen = set()
@@ -108,11 +119,22 @@ def requests_spec() -> dict:
     }
 
 
-def sweep_vars(hosts: str, results_dir: Path, steps: list = STEPS) -> dict:
+class Grid(NamedTuple):
+    """What one benchmark sweeps: the engine's simulated load and the steps."""
+
+    load_s: float
+    steps: list
+
+
+SHORT = Grid(SHORT_LOAD_S, STEPS)
+REALISTIC = Grid(REALISTIC_LOAD_S, REALISTIC_STEPS)
+
+
+def sweep_vars(hosts: str, results_dir: Path, grid: Grid) -> dict:
     return dict(
-        ROLE_VARS,
+        role_vars(grid.load_s),
         sweep_hosts=hosts,
-        sweep_steps=steps,
+        sweep_steps=grid.steps,
         sweep_concurrency=LEVELS,
         sweep_bench=BENCH,
         sweep_results_dir=str(results_dir),
@@ -141,7 +163,7 @@ def engine_loads(lab, host: str, since: float) -> list:
     return loads
 
 
-def run_sweep(lab, hosts: list, results_dir: Path, steps: list = STEPS) -> tuple:
+def run_sweep(lab, hosts: list, results_dir: Path, grid: Grid) -> tuple:
     """The whole playbook, with the fork watcher on the first host; returns (Timed, results, engine loads)."""
     watched = hosts[0]
     sh(
@@ -153,7 +175,7 @@ def run_sweep(lab, hosts: list, results_dir: Path, steps: list = STEPS) -> tuple
     since = time.time()
     try:
         run = timed_playbook(
-            lab, PLAYBOOK, sweep_vars(",".join(hosts), results_dir, steps), inventories=(LAB_INVENTORY,), timeout=1800
+            lab, PLAYBOOK, sweep_vars(",".join(hosts), results_dir, grid), inventories=(LAB_INVENTORY,), timeout=1800
         )
     finally:
         sh(lab, watched, "pkill -f '[f]ork_watch.py'; true")
@@ -194,8 +216,8 @@ def statuses(results: dict) -> list:
     return [record.get("status") for record in results.get("records", results.get("points", []))]
 
 
-def one_host_sweep(lab, swept: list, _loop_host: str, results_dir: Path) -> dict:
-    run, results, loads = run_sweep(lab, swept[:1], results_dir)
+def one_host_sweep(lab, swept: list, _loop_host: str, results_dir: Path, grid: Grid) -> dict:
+    run, results, loads = run_sweep(lab, swept[:1], results_dir, grid)
     return {
         "start": run.start,
         "stop": run.stop,
@@ -207,33 +229,73 @@ def one_host_sweep(lab, swept: list, _loop_host: str, results_dir: Path) -> dict
     }
 
 
-def operator_loop(lab, _swept: list, loop_host: str, _results_dir: Path) -> dict:
-    command = f"{BENCH_DIR}/spec_loop.sh {OPERATOR_UNIT} {URL} {BENCH_DIR}/requests.json " + " ".join(map(str, STEPS))
-    lines = [json.loads(line) for line in sh(lab, loop_host, command, timeout=1800).splitlines() if line[:1] == "{"]
-    return {"start": lines[0]["start"], "stop": lines[-1]["stop"], "points": lines}
-
-
-def bench_speculative(lab, _swept: list, loop_host: str, _results_dir: Path) -> dict:
-    command = f"{BENCH_DIR}/bench_speculative.sh {OPERATOR_UNIT} {URL} {BENCH_DIR}/requests.json " + " ".join(
-        map(str, STEPS)
-    )
+def operator_script(script: str, lab, loop_host: str, grid: Grid) -> dict:
+    command = f"{BENCH_DIR}/{script} {OPERATOR_UNIT} {URL} {BENCH_DIR}/requests.json " + " ".join(map(str, grid.steps))
     lines = [json.loads(line) for line in sh(lab, loop_host, command, timeout=3600).splitlines() if line[:1] == "{"]
     return {"start": lines[0]["start"], "stop": lines[-1]["stop"], "points": lines}
 
 
-def three_host_sweep(lab, swept: list, _loop_host: str, results_dir: Path) -> dict:
-    run, results, _loads = run_sweep(lab, swept, results_dir)
-    return {"start": run.start, "stop": run.stop, "statuses": statuses(results), "sweep_timing": results.get("timing")}
+def operator_loop(lab, _swept: list, loop_host: str, _results_dir: Path, grid: Grid) -> dict:
+    return operator_script("spec_loop.sh", lab, loop_host, grid)
 
 
-def scaling_one_host(lab, swept: list, _loop_host: str, results_dir: Path) -> dict:
-    run, results, _loads = run_sweep(lab, swept[:1], results_dir, SCALING_STEPS)
+def bench_speculative(lab, _swept: list, loop_host: str, _results_dir: Path, grid: Grid) -> dict:
+    return operator_script("bench_speculative.sh", lab, loop_host, grid)
+
+
+def scaling_one_host(lab, swept: list, _loop_host: str, results_dir: Path, grid: Grid) -> dict:
+    run, results, _loads = run_sweep(lab, swept[:1], results_dir, grid._replace(steps=SCALING_STEPS))
     return {"start": run.start, "stop": run.stop, "statuses": statuses(results)}
 
 
-def scaling_three_hosts(lab, swept: list, _loop_host: str, results_dir: Path) -> dict:
-    run, results, _loads = run_sweep(lab, swept, results_dir, SCALING_STEPS)
+def scaling_three_hosts(lab, swept: list, _loop_host: str, results_dir: Path, grid: Grid) -> dict:
+    run, results, _loads = run_sweep(lab, swept, results_dir, grid._replace(steps=SCALING_STEPS))
     return {"start": run.start, "stop": run.stop, "statuses": statuses(results)}
+
+
+def measure(lab, name: str, grid: Grid, sides: dict, swept: list, loop_host: str, tmp_path: Path, **settings) -> None:
+    """The role on the swept hosts and the operator's plain unit on ``loop_host``, then RUNS rounds of ``sides``
+    in turn, every sample to docs/performance/<run>/<name>.json."""
+    spec = requests_spec()
+    bench = Recorder(
+        name,
+        lab,
+        {
+            "steps": grid.steps,
+            "load_s": grid.load_s,
+            "levels": [level["concurrency"] for level in spec["levels"]],
+            "bench": BENCH,
+            **SIZING,
+            "role": role_vars(grid.load_s),
+            "requests": {
+                "warmup": len(spec["warmup"]),
+                "per_level": [len(level["prompts"]) for level in spec["levels"]],
+            },
+            "operator_script": "tests/bench/operator/spec_loop.sh with tests/bench/operator/plain_bench.py",
+            "operator_poll_s": 0.1,
+            "stability_window_s": {
+                "points": POINT_WINDOW_S,
+                "final_restore": role_default("sglang_service_probe_stability_window"),
+            },
+            "role_preflight": "with each host's first point",
+            **settings,
+        },
+    )
+    with bench.part("set-up: the role on the swept hosts, the operator's plain unit"):
+        apply_role(lab, ",".join(swept), role_vars(grid.load_s))
+        push_operator_scripts(lab, loop_host)
+        install_operator_unit(lab, loop_host, engine_of(lab, swept[0]))
+        sh(lab, loop_host, f"cat > {BENCH_DIR}/requests.json <<'EOF'\n{json.dumps(spec)}\nEOF")
+        bench.note(
+            "engine",
+            json.dumps({"collection": engine_of(lab, swept[0]), "operator": engine_of(lab, loop_host, OPERATOR_UNIT)}),
+        )
+    for round_number in range(RUNS):
+        for side in in_turn(round_number, list(sides)):
+            with bench.part(f"round {round_number + 1}: {side}"):
+                fields = sides[side](lab, swept, loop_host, tmp_path / f"{side}-{round_number}", grid)
+                bench.sample(round=round_number, side=side, **fields)
+    bench.finish()
 
 
 @pytest.fixture
@@ -243,57 +305,48 @@ def four_hosts(lab):
         yield part
 
 
-def test_bench_sweep_against_a_bench_speculative_loop_and_three_hosts(four_hosts, tmp_path):
+@pytest.fixture
+def two_hosts(lab):
+    """1 host for the sweep, 1 for the operator's loop."""
+    with fresh_hosts(lab, 2) as part:
+        yield part
+
+
+def test_bench_sweep_at_a_short_load_against_the_loops_and_on_three_hosts(four_hosts, tmp_path):
     lab = four_hosts
     swept, loop_host = lab.hosts[:3], lab.hosts[3]
-    spec = requests_spec()
-    bench = Recorder(
-        "sweep",
-        lab,
-        {
-            "steps": STEPS,
-            "load_s": float(LOAD_S),
-            "levels": [level["concurrency"] for level in spec["levels"]],
-            "bench": BENCH,
-            **SIZING,
-            "role": ROLE_VARS,
-            "requests": {
-                "warmup": len(spec["warmup"]),
-                "per_level": [len(level["prompts"]) for level in spec["levels"]],
-            },
-            "hosts": {"one_host": swept[:1], "three_hosts": swept, "operator": loop_host},
-            "scaling": {"steps": SCALING_STEPS, "hosts": len(swept), "forks": ansible_forks()},
-            "operator_script": "tests/bench/operator/spec_loop.sh with tests/bench/operator/plain_bench.py",
-            "operator_poll_s": 0.1,
-            "bench_speculative_script": "tests/bench/operator/bench_speculative.sh with tests/bench/operator/"
-            "plain_bench.py",
-            "stability_window_s": {
-                "points": POINT_WINDOW_S,
-                "final_restore": role_default("sglang_service_probe_stability_window"),
-            },
-            "role_preflight": "with each host's first point",
-        },
-    )
-    with bench.part("set-up: the role on the swept hosts, the operator's plain unit"):
-        apply_role(lab, ",".join(swept), ROLE_VARS)
-        push_operator_scripts(lab, loop_host)
-        install_operator_unit(lab, loop_host, engine_of(lab, swept[0]))
-        sh(lab, loop_host, f"cat > {BENCH_DIR}/requests.json <<'EOF'\n{json.dumps(spec)}\nEOF")
-        bench.note(
-            "engine",
-            json.dumps({"collection": engine_of(lab, swept[0]), "operator": engine_of(lab, loop_host, OPERATOR_UNIT)}),
-        )
-    parts = {
+    sides = {
         "one_host": one_host_sweep,
         "operator": operator_loop,
         "bench_speculative": bench_speculative,
-        "three_hosts": three_host_sweep,
         "scaling_one_host": scaling_one_host,
         "scaling_three_hosts": scaling_three_hosts,
     }
-    for round_number in range(RUNS):
-        for side in in_turn(round_number, list(parts)):
-            with bench.part(f"round {round_number + 1}: {side}"):
-                fields = parts[side](lab, swept, loop_host, tmp_path / f"{side}-{round_number}")
-                bench.sample(round=round_number, side=side, **fields)
-    bench.finish()
+    measure(
+        lab,
+        "sweep",
+        SHORT,
+        sides,
+        swept,
+        loop_host,
+        tmp_path,
+        hosts={"one_host": swept[:1], "scaling": swept, "operator": loop_host},
+        scaling={"steps": SCALING_STEPS, "hosts": len(swept), "forks": ansible_forks()},
+        bench_speculative_script="tests/bench/operator/bench_speculative.sh with tests/bench/operator/plain_bench.py",
+    )
+
+
+def test_bench_sweep_at_a_realistic_load_against_the_lean_loop(two_hosts, tmp_path):
+    lab = two_hosts
+    swept, loop_host = lab.hosts[:1], lab.hosts[1]
+    sides = {"one_host": one_host_sweep, "operator": operator_loop}
+    measure(
+        lab,
+        "sweep_realistic",
+        REALISTIC,
+        sides,
+        swept,
+        loop_host,
+        tmp_path,
+        hosts={"one_host": swept, "operator": loop_host},
+    )

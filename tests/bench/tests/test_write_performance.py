@@ -296,6 +296,34 @@ def test_the_sweep_is_compared_with_bench_speculative_as_a_script_and_its_cost_p
            "120 s: 0.95, 300 s: 0.98" in figures["sweep_vs_bench_speculative"].context  # fmt: skip
 
 
+def test_the_sweep_at_a_realistic_load_is_measured_against_the_lean_loop_and_projected_only_beyond_it():
+    data = sweep_data()
+    data["settings"]["load_s"] = 60
+    data["samples"] = [sample for sample in data["samples"] if sample["side"] != "bench_speculative"]
+    figures = {figure.key: figure for figure in write_performance.sweep_realistic_figures(data)}
+    assert list(figures) == ["sweep_vs_loop", "sweep_point_overhead", "sweep_vs_engine", "sweep_levels"]
+    assert figures["sweep_vs_loop"].title == "Sweep playbook / a lean shell loop, 60 s loads"
+    assert figures["sweep_vs_loop"].values == pytest.approx([1.2, 1.2])
+    assert "projected, not measured, from the 10.0 s measured at 60 s: the ratio at loads of 120 s: 1.04, " \
+           "300 s: 1.01" in figures["sweep_vs_loop"].context  # fmt: skip
+    assert figures["sweep_point_overhead"].values == pytest.approx([2.0, 4.0])
+
+
+def test_a_run_measured_in_two_sittings_at_one_commit_says_when_each_was():
+    later = 1767322800.0 + 6 * 3600
+    files = {
+        "probe": benchmark("probe", {}, [], rounds=5),
+        "reap": benchmark("reap", {}, [], rounds=5, started=later, finished=later + 600),
+    }
+    assert write_performance.mixed_or_dirty("20260102T030405Z", files) == ""
+    page = "".join(write_performance.header("20260102T030405Z", files))
+    assert "- Measured in 2 sittings (2026-01-02 03:00 UTC to 2026-01-02 03:05 UTC; 2026-01-02 09:00 UTC to " \
+           "2026-01-02 09:10 UTC), each benchmark within one, every benchmark at commit" in page  # fmt: skip
+    files["reap"] |= {"started": 1767323400.0, "finished": 1767324000.0}
+    page = "".join(write_performance.header("20260102T030405Z", files))
+    assert "- Measured 2026-01-02 03:00 UTC to 2026-01-02 03:20 UTC, every benchmark at commit" in page
+
+
 @pytest.mark.parametrize(
     ("task_files", "says", "start_up"),
     [
