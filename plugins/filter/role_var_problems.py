@@ -28,12 +28,8 @@ options:
     description: The role's C(meta/argument_specs.yml), parsed.
     type: dict
     required: true
-  prefix:
-    description: The role's variable prefix, such as C(sglang_service_).
-    type: str
-    required: true
   role:
-    description: The role's name, for the messages.
+    description: The role's name, such as C(sglang_service); its variables' prefix is the name and C(_).
     type: str
     required: true
   names:
@@ -54,7 +50,7 @@ EXAMPLES = r"""
     problems: >-
       {{ {'sglang_service_gpus': '0,1'} | llmops.inference.role_var_problems(
          lookup('ansible.builtin.file', role_path ~ '/meta/argument_specs.yml') | from_yaml,
-         prefix='sglang_service_', role='sglang_service', names=['sglang_service_drain_timout']) }}
+         role='sglang_service', names=['sglang_service_drain_timout']) }}
   # problems.errors: ['sglang_service_gpus must be a list (...); got "0,1" (a string)']
   # problems.unknown: [{'name': 'sglang_service_drain_timout', 'closest': 'sglang_service_drain_timeout'}]
 """
@@ -67,10 +63,10 @@ _value:
 """
 
 
-def role_var_problems(values, argument_specs, prefix, role, names=(), ignore=()) -> dict:
+def role_var_problems(values, argument_specs, role, names=(), ignore=()) -> dict:
     if not isinstance(values, dict) or not isinstance(argument_specs, dict):
         raise AnsibleFilterError("role_var_problems: give the variables and the argument specs as mappings")
-    return problems(dict(values), argument_specs, str(prefix), str(role), list(names or ()), list(ignore or ()))
+    return problems(dict(values), argument_specs, str(role), list(names or ()), list(ignore or ()))
 
 
 class FilterModule:

@@ -35,22 +35,17 @@ ACCEPTS = {
 ELEMENTS = {"str": "strings or numbers", "int": "integers", "dict": "mappings", "path": "paths"}
 
 
+KINDS = ((bool, "a boolean"), (int, "an integer"), (float, "a number"), (str, "a string"), (dict, "a mapping"),
+         ((list, tuple), "a list"))  # fmt: skip
+
+
 def describe(value) -> str:
     """What kind of value ``value`` is, as a user reads it."""
     if value is None:
         return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int):
-        return "an integer"
-    if isinstance(value, float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, dict):
-        return "a mapping"
-    if isinstance(value, (list, tuple)):
-        return "a list"
+    for types, kind in KINDS:
+        if isinstance(value, types):
+            return kind
     return type(value).__name__
 
 
@@ -61,30 +56,41 @@ def shown(value) -> str:
         return repr(value)
 
 
+def _is_int(value) -> bool:
+    if isinstance(value, str):
+        return bool(INTEGER.match(value))
+    return isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+
+
+def _is_float(value) -> bool:
+    return isinstance(value, (int, float)) or (isinstance(value, str) and bool(NUMBER.match(value)))
+
+
+def _is_bool(value) -> bool:
+    return isinstance(value, bool) or (isinstance(value, str) and value.strip().lower() in BOOLEAN_STRINGS)
+
+
+# Each type's check; str and path take numbers too (Ansible turns them into strings). A boolean is only a bool.
+CHECKS = {
+    "raw": lambda value: True,
+    "list": lambda value: isinstance(value, (list, tuple)),
+    "dict": lambda value: isinstance(value, dict),
+    "bool": _is_bool,
+    "int": lambda value: not isinstance(value, bool) and _is_int(value),
+    "float": lambda value: not isinstance(value, bool) and _is_float(value),
+}
+
+
 def _is_type(value, kind: str) -> bool:
-    if kind == "raw":
-        return True
-    if kind == "list":
-        return isinstance(value, (list, tuple))
-    if kind == "dict":
-        return isinstance(value, dict)
-    if kind == "bool":
-        return isinstance(value, bool) or (isinstance(value, str) and value.strip().lower() in BOOLEAN_STRINGS)
-    if isinstance(value, bool):
-        return False
-    if kind == "int":
-        return isinstance(value, int) or (isinstance(value, float) and value.is_integer()) or (
-            isinstance(value, str) and bool(INTEGER.match(value))
-        )
-    if kind == "float":
-        return isinstance(value, (int, float)) or (isinstance(value, str) and bool(NUMBER.match(value)))
-    # str and path (Ansible turns numbers into strings for them)
-    return isinstance(value, (str, int, float))
+    check = CHECKS.get(kind)
+    if check is not None:
+        return check(value)
+    return not isinstance(value, bool) and isinstance(value, (str, int, float))
 
 
 def _element_error(name: str, value: list, kind: str) -> str | None:
     for index, element in enumerate(value):
-        if element is None or not _is_type(element, kind) or (kind in ("str", "path") and isinstance(element, bool)):
+        if element is None or not _is_type(element, kind):
             return (
                 f"{name} must be a list of {ELEMENTS.get(kind, kind)}; element {index} is {shown(element)} "
                 f"({describe(element)})"
@@ -153,9 +159,11 @@ def unknown_message(unknown: list, role: str) -> str:
     return f"{role} does not know the variable(s) {'; '.join(parts)}"
 
 
-def problems(values: dict, argument_specs: dict, prefix: str, role: str, names=(), ignore=()) -> dict:
-    """{errors, unknown, unknown_msg} for a role's variables: ``values`` maps the known variables to their values,
-    ``names`` every variable name defined with the prefix, ``ignore`` the names the role itself sets (its facts)."""
+def problems(values: dict, argument_specs: dict, role: str, names=(), ignore=()) -> dict:
+    """{errors, unknown, unknown_msg} for role ``role``'s variables (prefix ``role_``): ``values`` maps the known
+    variables to their values, ``names`` every variable name defined with the prefix, ``ignore`` the names the role
+    itself sets (its facts)."""
+    prefix = f"{role}_"
     specs = argument_specs.get("argument_specs", argument_specs) if isinstance(argument_specs, dict) else {}
     main = ((specs or {}).get("main") or {}).get("options") or {}
     known = known_options(argument_specs) | set(ignore)
