@@ -24,6 +24,7 @@ from labutil import (
     REPO,
     ROLLBACK,
     fleet_of,
+    known_good,
     main_pid,
     output,
     sha256,
@@ -81,6 +82,22 @@ def host_state(lab, host) -> dict:
     }
 
 
+def one_point(host: str, role_vars: dict, results_dir, **extra) -> dict:
+    """A sweep of one point (steps 2) at one load level on ``host``, as short as a sweep gets."""
+    return {
+        **role_vars,
+        "sweep_hosts": host,
+        "sweep_steps": [2],
+        "sweep_concurrency": [1],
+        "sweep_repeats": 1,
+        "sweep_warmup_requests": 0,
+        "sweep_bench": {"num_prompts": 2, "max_new_tokens": 16, "request_timeout": 30},
+        "sweep_results_dir": str(results_dir),
+        "sweep_retry_failed_load": True,
+        **extra,
+    }
+
+
 def env_seed(lab, host) -> str:
     text = lab.exec(host, f"cat {FLEET_ENV_FILE}").stdout
     for line in text.splitlines():
@@ -99,20 +116,14 @@ def test_a_sweep_that_restores_the_original_leaves_rollback_and_up_to_date_as_th
     proc, records = run(one, DEPLOY, tmp_path, "deploy_b", seeded(second))
     assert proc.returncode == 0 and records[host]["outcome"] == "deployed", output(proc)
 
-    sweep = {
-        **seeded(second),
-        "sweep_hosts": host,
-        "sweep_steps": [2],
-        "sweep_concurrency": [1],
-        "sweep_repeats": 1,
-        "sweep_warmup_requests": 0,
-        "sweep_bench": {"num_prompts": 2, "max_new_tokens": 16, "request_timeout": 30},
-        "sweep_results_dir": str(tmp_path / "sweep"),
-        "sweep_retry_failed_load": True,
-    }
-    proc = deployed.playbook(SWEEP, sweep, inventories=(LAB_LAYER,), timeout=900)
+    snapshots = known_good(deployed, host)
+    proc = deployed.playbook(
+        SWEEP, one_point(host, seeded(second), tmp_path / "sweep"), inventories=(LAB_LAYER,), timeout=900
+    )
     assert proc.returncode == 0, output(proc)
     assert env_seed(deployed, host) == second
+    # The snapshots as the sweep found them: none saved, none evicted.
+    assert known_good(deployed, host) == snapshots
 
     # The same inputs as the last deploy: the host is up to date, the sweep notwithstanding.
     proc, records = run(one, DEPLOY, tmp_path, "deploy_b_again", seeded(second))
@@ -123,7 +134,7 @@ def test_a_sweep_that_restores_the_original_leaves_rollback_and_up_to_date_as_th
     # previous is still what the last deploy replaced: deploy A's unit files.
     proc, records = run(one, ROLLBACK, tmp_path, "rollback", seeded(second))
     assert proc.returncode == 0, output(proc)
-    assert records[host]["outcome"] != "unchanged", records[host]
+    assert records[host]["outcome"] == "returned", records[host]
     assert env_seed(deployed, host) == first
     assert deployed.exec(host, "systemctl is-active sglang.service").stdout.strip() == "active"
 
@@ -192,7 +203,8 @@ def test_the_deploy_that_waited_for_the_lock_reports_the_engine_that_runs(deploy
     one = fleet_of(deployed, 1)
     # Both runs pass their preflight while the lock is held by hand, so both see the engine before either restarts it;
     # one then restarts it, and the other, which waited, finds nothing to change.
-    held = deployed.module(host, "llmops.inference.host_lock", {"path": LOCK_FILE, "owner": "test", "lease": 600})
+    take = {"path": LOCK_FILE, "owner": {"play": "test"}, "lease": 600}
+    held = deployed.module(host, "llmops.inference.host_lock", take)
     assert held.get("token"), held
     change = {**seeded(fresh_seed()), "sglang_service_lock_timeout": 600}
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
@@ -214,3 +226,20 @@ def test_the_deploy_that_waited_for_the_lock_reports_the_engine_that_runs(deploy
     running = main_pid(deployed, host)
     for _proc, records in done:
         assert records[host]["after"]["main_pid"] == running, records[host]
+
+
+def test_a_sweep_that_applies_its_choice_records_a_snapshot_with_the_patch_state(deployed, tmp_path):
+    # Last in this file: the host ends on the sweep's point.
+    host = deployed.hosts[0]
+    role_vars = seeded(fresh_seed())
+    proc, records = run(fleet_of(deployed, 1), DEPLOY, tmp_path, "deploy", role_vars)
+    assert proc.returncode == 0 and records[host]["outcome"] == "deployed", output(proc)
+    before = known_good(deployed, host)
+
+    sweep = one_point(host, role_vars, tmp_path / "sweep", sweep_apply="best")
+    proc = deployed.playbook(SWEEP, sweep, inventories=(LAB_LAYER,), timeout=900)
+    assert proc.returncode == 0, output(proc)
+    after = known_good(deployed, host)
+    assert after["current"]["saved_at"] != before["current"]["saved_at"], after
+    assert after["current"]["patch_state_id"] == "pristine", after["current"]
+    assert after["previous"]["saved_at"] == before["current"]["saved_at"], after
