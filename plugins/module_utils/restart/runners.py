@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ansible_collections.llmops.inference.plugins.module_utils import host_lock as _host_lock
-from ansible_collections.llmops.inference.plugins.module_utils.gateway_drain import IN_FLIGHT_METRICS, in_flight
 from ansible_collections.llmops.inference.plugins.module_utils.gpu_selection import ORPHAN_PATTERN
+from ansible_collections.llmops.inference.plugins.module_utils.in_flight import IN_FLIGHT_METRICS, count_in_flight
 from ansible_collections.llmops.inference.plugins.module_utils.known_good import KnownGoodStore
 from ansible_collections.llmops.inference.plugins.module_utils.probe import SglangProbe
 from ansible_collections.llmops.inference.plugins.module_utils.probe_settings import ProbeSettings
@@ -92,7 +92,7 @@ class HostRunners:
 
     def _host_in_flight(self):
         try:
-            return in_flight(self._client(METRICS_TIMEOUT_S).metric_samples(IN_FLIGHT_METRICS))
+            return count_in_flight(self._client(METRICS_TIMEOUT_S).metric_samples(IN_FLIGHT_METRICS))
         except SglangError:
             return None
 

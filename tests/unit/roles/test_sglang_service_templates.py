@@ -75,13 +75,14 @@ def test_default_unit_launches_sglang_serve_places_the_engine_and_drains_on_stop
     assert 'Environment="CUDA_DEVICE_ORDER=PCI_BUS_ID" "CUDA_VISIBLE_DEVICES=0,1"' in unit
     assert line(unit, "ExecStop=") == (
         "ExecStop=/opt/sglang/venv/bin/python /usr/local/libexec/llmops/llmops_gate.py drain "
-        "--url http://127.0.0.1:30000 --timeout 140 --pid ${MAINPID}"
+        "--url http://127.0.0.1:30000 --timeout 120 --tail 30 --pid ${MAINPID}"
     )
-    # The stop waits for SGLang's own drain: budget 120 + its 5 s check + scheduler exit 15, within TimeoutStopSec.
-    assert "The wait is at most 140 s" in unit
+    # The stop waits for SGLang's own drain: budget 120, then the tail (its 5 s check + scheduler exit 15 + shutdown
+    # tail 10), within TimeoutStopSec.
+    assert "at most 150 s" in unit
     assert "gpu-free --gpus 0,1 --threshold-mib 1024 --wait 30 --unit sglang-t.service" in unit
     assert "ready --url http://127.0.0.1:30000/health --timeout 1200" in unit
-    for setting in ("KillMode=control-group", "TimeoutStopSec=155", "Restart=on-failure", "StartLimitBurst=3"):
+    for setting in ("KillMode=control-group", "TimeoutStopSec=165", "Restart=on-failure", "StartLimitBurst=3"):
         assert setting in unit.splitlines()
 
 
@@ -180,6 +181,8 @@ def test_the_api_key_goes_to_the_config_file_never_to_the_unit(render):
     key = 's3cret: "key" $1 %n'
     unit = render("sglang.service.j2", sglang_service_api_key=key)
     assert "--config /etc/llmops/sglang-t.yaml" in line(unit, "ExecStart=")
+    # The stop's abort at the end of the drain budget sends the key, read from the same file.
+    assert line(unit, "ExecStop=").endswith("--tail 30 --config /etc/llmops/sglang-t.yaml --pid ${MAINPID}")
     assert "s3cret" not in unit
     config = render("sglang.yaml.j2", sglang_service_api_key=key)
     assert yaml.safe_load(config) == {"api-key": key}

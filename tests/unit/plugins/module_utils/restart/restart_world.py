@@ -13,6 +13,7 @@ from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from fake_proc import FakeClock
 
 from ansible_collections.llmops.inference.plugins.module_utils.host_lock import LockBusy, LockError
+from ansible_collections.llmops.inference.plugins.module_utils.in_flight import SOURCE_SCHEDULER, InFlight
 from ansible_collections.llmops.inference.plugins.module_utils.restart.chain import RestartChain
 from ansible_collections.llmops.inference.plugins.module_utils.restart.gate import GATE_TIERS, tier_list
 from ansible_collections.llmops.inference.plugins.module_utils.restart.options import (
@@ -350,11 +351,19 @@ ADMIN_KEY = "gw-adm1n-s3cret"
 
 
 class Scrapes:
-    """The engine's in-flight counts, one per scrape (the last one for ever); None when /metrics is down."""
+    """The engine's in-flight counts, one per scrape (the last one for ever): (running, queued) of the scheduler's
+    gauges (an engine without sglang:http_requests_active), an InFlight, or None when /metrics is down."""
 
     def __init__(self, *answers):
-        self.answers = list(answers) or [(0, 0)]
+        self.answers = [self._reading(answer) for answer in answers] or [self._reading((0, 0))]
         self.calls = 0
+
+    @staticmethod
+    def _reading(answer):
+        if isinstance(answer, tuple):
+            running, queued = answer
+            return InFlight(SOURCE_SCHEDULER, running + queued, running, queued)
+        return answer
 
     def __call__(self):
         self.calls += 1
