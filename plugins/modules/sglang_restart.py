@@ -523,7 +523,8 @@ gateway:
       gateways that listed it and removed it, or would in check mode), C(draining_on) (those that still listed it
       as draining when the chain went on), C(drain) (C(idle), C(waited_s), C(source) - V(http_requests_active) or
       V(scheduler gauges), null when C(/metrics) did not answer - C(requests) (the count it waited on), C(running),
-      C(queued) (the scheduler's gauges, null where not exported)), C(added_to), C(unreachable) (the replicas left aside because they could not be reached),
+      C(queued) (the scheduler's gauges, null where not exported)), C(added_to), C(unreachable) (the replicas left
+      aside because they could not be reached),
       C(left_out) (the replicas that do not have it back after a failure), C(in_gateways) (true once every gateway
       reports it healthy again - with O(gateway_unreachable=warn), every one it could reach - false when it is left
       out of one after a failure, null when nothing was changed) and C(detail). Null without O(gateways).

@@ -145,9 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
             cmd.add_argument(
                 "--gpu-host-pids",
                 action="store_true",
-                help="the simulated GPUs list holders by PIDs of the outer host's namespace, as a real driver does on a "
-                "container host (each PID plus %d, absent from the host's /proc); off by default"
-                % payload.simgpu_state.CONTAINER_HOST_PID_OFFSET,
+                help="the simulated GPUs list holders by PIDs of the outer host's namespace, as a real driver does on "
+                f"a container host (each PID plus {payload.simgpu_state.CONTAINER_HOST_PID_OFFSET}, absent from the "
+                "host's /proc); off by default",
             )
 
     ex = sub.add_parser("exec", help="run a command inside a host (no SSH), e.g. lab exec lab1 -- systemctl status")

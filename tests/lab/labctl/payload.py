@@ -133,7 +133,9 @@ def install(
     _write(root, "/var/lib/simgpu/gpus", gpu_lines(host, gpus))
     _write(root, f"/var/lib/simgpu/{simgpu_state.RESERVED_FILE}", f"{reserved_mib}\n")
     if host_pids:
-        _write(root, f"/var/lib/simgpu/{simgpu_state.HOST_PID_OFFSET_FILE}", f"{simgpu_state.CONTAINER_HOST_PID_OFFSET}\n")
+        _write(
+            root, f"/var/lib/simgpu/{simgpu_state.HOST_PID_OFFSET_FILE}", f"{simgpu_state.CONTAINER_HOST_PID_OFFSET}\n"
+        )
     if mig:
         _write(root, "/var/lib/simgpu/mig", mig_lines(host, gpus, mig))
     # Any GPU user may claim memory (as /dev/nvidia* are 0666); the sticky bit keeps claims their owners'.

@@ -247,7 +247,7 @@ class Handler(BaseHTTPRequestHandler):
         )
 
     def abort_request(self) -> None:
-        """POST /abort_request (http_server.py `abort_request`, TokenizerManager.abort_request, Scheduler.abort_request):
+        """POST /abort_request (http_server.py `abort_request`, TokenizerManager.abort_request and the scheduler's):
         {"rid": ..., "abort_all": bool}; the aborted requests end with FINISH_ABORT's finish reason; 200, no body."""
         body = self._body() if self._raw else {}
         if not isinstance(body, dict):

@@ -272,6 +272,9 @@ def render(
             "sglang:http_requests_active",
             "gauge",
             "Number of currently active HTTP requests",
-            [("", _labels({"endpoint": endpoint, "method": method}), value) for (endpoint, method), value in http_active],
+            [
+                ("", _labels({"endpoint": endpoint, "method": method}), value)
+                for (endpoint, method), value in http_active
+            ],
         )
     return "\n".join(lines) + "\n"

@@ -616,7 +616,9 @@ def test_abort_all_ends_every_request_with_an_abort_finish_reason_and_the_drain_
     sim.proc.send_signal(signal.SIGTERM)
     assert wait_for(lambda: "Draining requests and shutting down" in sim.log, timeout=2)
     assert sim.post("/abort_request", {"abort_all": True})[0] == 401  # behind the API key
-    assert sim.post("/abort_request", {"abort_all": True}, headers={**auth, "content-type": "application/json"})[0] == 200
+    assert (
+        sim.post("/abort_request", {"abort_all": True}, headers={**auth, "content-type": "application/json"})[0] == 200
+    )
     for worker in workers:
         worker.join(30)
     # One was running (aborted at its next step), one waiting (--max-running-requests 1: aborted from the queue).
