@@ -472,7 +472,10 @@ service:
       type: str
       sample: StartLimitBurst=3 starts within StartLimitIntervalSec=3630 s
     stop_mode:
-      description: C(kill) (a restart loop), C(drain) (a running unit) or C(none) (nothing ran).
+      description:
+        - C(kill) (a restart loop), C(drain) (a running unit), C(none) (nothing ran) or C(ended) (a member of
+          O(node_rank) >= 1 that ended cleanly on rank 0's C(ShutdownReq) and waits for its automatic restart, which
+          the stop cancels).
       type: str
       sample: drain
     start:

@@ -104,6 +104,11 @@ class HostRunners:
             return f"the engine is not ready: {exc}"
         return None if status == 200 else f"the engine is not ready: HTTP {status}"
 
+    def serving_check(self):
+        """What tells a unit that systemd restarted from one in its loop: the engine's readiness; none on a rank >= 1,
+        whose dummy server has no /ready and whose unit (Restart=always) comes back after each of rank 0's stops."""
+        return None if self.options.node_rank else self.engine_not_ready
+
     def systemctl(self, *args) -> tuple:
         return self.run_command(["systemctl", *args])
 

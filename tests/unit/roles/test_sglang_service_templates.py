@@ -157,6 +157,20 @@ def test_rank_0_renders_node_rank_0_and_the_dropin_keeps_the_group(render):
     assert "--nnodes 2 --node-rank 0 --dist-init-addr 10.0.0.1:20000" in dropin
 
 
+def test_a_rank_above_0_has_no_drain_a_short_stop_and_comes_back_by_itself(render):
+    """SGLang's rank >= 1 only logs a SIGTERM and exits 0 when rank 0's ShutdownReq ends it: a drain would wait its
+    whole budget for nothing, and Restart=on-failure would never bring it back."""
+    unit = render("sglang.service.j2", sglang_service_tp_size=4, __sglang_service_node_group_info=GROUP_PLAN)
+    assert "ExecStop=" not in unit
+    settings = unit.splitlines()
+    assert "TimeoutStopSec=30" in settings and "Restart=always" in settings
+    assert "# Rank 1 of a node group: it serves no request, so its stop has no drain." in unit
+    plan = {"node_group": {**GROUP_PLAN["node_group"], "node_rank": 0}}
+    rank0 = render("sglang.service.j2", sglang_service_tp_size=4, __sglang_service_node_group_info=plan).splitlines()
+    assert "TimeoutStopSec=165" in rank0 and "Restart=on-failure" in rank0
+    assert any(entry.startswith("ExecStop=") and " drain " in entry for entry in rank0)
+
+
 def test_the_cuda_toolkit_is_exported_with_its_bin_on_path(render):
     unit = render("sglang.service.j2", sglang_service_cuda_home="/opt/cuda-12.8")
     assert line(unit, 'Environment="CUDA_HOME') == 'Environment="CUDA_HOME=/opt/cuda-12.8"'

@@ -47,6 +47,7 @@ class UnitSetup:
     need_reload: bool = False
     journal: list | None = None
     loaded: bool = True
+    restart_always: bool = False  # a rank >= 1's unit: a clean exit waits to come back (SubState=auto-restart)
 
 
 class FakeUnit:
@@ -60,6 +61,7 @@ class FakeUnit:
         self.burst = setup.burst
         self.need_reload = setup.need_reload
         self.loaded = setup.loaded
+        self.restart_always = setup.restart_always
         self.journal = (
             setup.journal if setup.journal is not None else [SERVER_ARGS, "The server is fired up and ready to roll!"]
         )
@@ -113,6 +115,16 @@ class FakeUnit:
         ready_at = run.started + run.load
         if now < ready_at:
             return {"ActiveState": "activating", "SubState": "start-post", "MainPID": str(run.pid)}
+        if run.exit0_after_ready is not None and now >= ready_at + run.exit0_after_ready and self.restart_always:
+            return {
+                "ActiveState": "activating",
+                "SubState": "auto-restart",
+                "MainPID": "0",
+                "NRestarts": "1",
+                "ExecMainStatus": "0",
+                "ExecMainCode": "1",
+                "ExecMainPID": str(run.pid),
+            }
         if run.exit0_after_ready is not None and now >= ready_at + run.exit0_after_ready:
             return {
                 "ActiveState": "inactive",
