@@ -88,6 +88,8 @@ def ended_cleanly(state) -> bool:
         and props.get("ExecMainCode") == CLD_EXITED
         and props.get("ExecMainStatus") == "0"
     )
+
+
 # What tells one start from another; a gate run apart from its start knows no state before it.
 START_MARKS = ("InvocationID", "InactiveExitTimestampMonotonic")
 
