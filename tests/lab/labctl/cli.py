@@ -231,7 +231,7 @@ def cmd_up(args) -> int:
             entry["init_pid"] = hosts.wait_booted(
                 entry["name"], entry["nspawn_pid"], entry["address"], state.run_dir / f"{entry['name']}.console.log"
             )
-        state.inventory.write_text(inventory.render(data["hosts"], state.key, args.gpus))
+        state.inventory.write_text(inventory.render(data["hosts"], state.key, args.gpus, args.gpu_host_pids))
         data["status"] = "up"
         state.save(data)
     except BaseException as exc:
