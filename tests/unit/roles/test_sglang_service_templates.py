@@ -338,3 +338,9 @@ def test_filter_off_drops_server_args_lines_on_systemd_253_only(render):
     assert "LogFilterPatterns=~server_args=" in new.splitlines()
     old = render("sglang.service.j2", ansible_facts={"systemd": {"version": 252}}, **off)
     assert "LogFilterPatterns" not in old
+
+
+def test_a_crash_dump_folder_reaches_sglang_only_when_set(render):
+    assert "--crash-dump-folder" not in line(render("sglang.service.j2"), "ExecStart=")
+    unit = render("sglang.service.j2", sglang_service_crash_dump_folder="/var/lib/sglang/crash")
+    assert "--crash-dump-folder /var/lib/sglang/crash" in line(unit, "ExecStart=")
