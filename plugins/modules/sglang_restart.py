@@ -280,7 +280,11 @@ options:
   drain_timeout:
     description:
       - Seconds to wait at most, after the removal from the gateways, while the engine's C(/metrics) shows requests
-        running or queued. Those gauges never prove the engine idle; the stop that follows waits for SGLang's own drain.
+        in flight. It reads C(sglang:http_requests_active) (SGLang's live count of HTTP requests, until a stream's
+        last byte), summed over every endpoint but C(/metrics), C(/health*), C(/ready) and C(/ping). Where the engine
+        does not export it, it falls back to the scheduler's gauges C(sglang:num_running_reqs) and
+        C(sglang:num_queue_reqs), which lag and never prove the engine idle. The step's detail and RV(gateway.drain)
+        say which it waited on. Either way the stop that follows waits for SGLang's own drain.
     type: float
     default: 120
   redact:
@@ -468,7 +472,10 @@ service:
       type: str
       sample: StartLimitBurst=3 starts within StartLimitIntervalSec=3630 s
     stop_mode:
-      description: C(kill) (a restart loop), C(drain) (a running unit) or C(none) (nothing ran).
+      description:
+        - C(kill) (a restart loop), C(drain) (a running unit), C(none) (nothing ran) or C(ended) (a member of
+          O(node_rank) >= 1 that ended cleanly on rank 0's C(ShutdownReq) and waits for its automatic restart, which
+          the stop cancels).
       type: str
       sample: drain
     start:
@@ -517,8 +524,10 @@ gateway:
   description:
     - With O(gateways), where the worker is - C(worker_url), C(gateways), C(min_healthy), C(removed_from) (the
       gateways that listed it and removed it, or would in check mode), C(draining_on) (those that still listed it
-      as draining when the chain went on), C(drain) (C(idle), C(waited_s), C(running),
-      C(queued)), C(added_to), C(unreachable) (the replicas left aside because they could not be reached),
+      as draining when the chain went on), C(drain) (C(idle), C(waited_s), C(source) - V(http_requests_active) or
+      V(scheduler gauges), null when C(/metrics) did not answer - C(requests) (the count it waited on), C(running),
+      C(queued) (the scheduler's gauges, null where not exported)), C(added_to), C(unreachable) (the replicas left
+      aside because they could not be reached),
       C(left_out) (the replicas that do not have it back after a failure), C(in_gateways) (true once every gateway
       reports it healthy again - with O(gateway_unreachable=warn), every one it could reach - false when it is left
       out of one after a failure, null when nothing was changed) and C(detail). Null without O(gateways).
@@ -530,7 +539,7 @@ gateway:
     min_healthy: 1
     removed_from: [http://10.0.0.9:30080, http://10.0.0.10:30080]
     draining_on: [http://10.0.0.9:30080, http://10.0.0.10:30080]
-    drain: {idle: true, waited_s: 2.4, running: 0, queued: 0}
+    drain: {idle: true, waited_s: 2.4, source: http_requests_active, requests: 0, running: 0, queued: 0}
     added_to: [http://10.0.0.9:30080, http://10.0.0.10:30080]
     unreachable: []
     left_out: []

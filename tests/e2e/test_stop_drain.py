@@ -323,3 +323,52 @@ def test_a_gateway_drained_restart_under_steady_load_loses_nothing(lab, host, tm
     assert summary["requests"] > 16, summary
     assert summary["failed"] == 0 and summary["truncated"] == 0, summary
     assert_clean_stops(journal_since(lab, host, mark), 2)
+
+
+def test_a_stream_that_outlives_the_drain_budget_is_aborted_not_cut_and_the_stop_stays_clean(lab, host, tmp_path):
+    """A 20 s drain budget and a stream of about 60 s, through a plain ``systemctl restart``: at the end of the budget
+    the stop aborts it (POST /abort_request with the key), the client gets its answer with an abort finish reason
+    instead of a cut connection, and SGLang's own shutdown ends the unit: Result=success, exit 0, no SIGQUIT, no
+    "crashed", and the GPU free again for the start that follows."""
+    short = {**SERVICE, "sglang_service_drain_timeout": 20}
+    up = run_play(lab, tmp_path, host, "service_role", short, "short_budget")
+    assert up.ok, up.output
+    out = "/run/stop_long.json"
+    script = (
+        "import json, os, urllib.request\n"
+        "body = json.dumps({'text': 'A long one', 'stream': True, 'sampling_params': {'max_new_tokens': 6000}})\n"
+        f"headers = {{'Content-Type': 'application/json', 'Authorization': 'Bearer {KEY}'}}\n"
+        "request = urllib.request.Request('http://127.0.0.1:30000/generate', body.encode(), headers)\n"
+        "seen = {'done': False, 'finish_reason': None, 'tokens': None, 'error': None}\n"
+        "try:\n"
+        "    with urllib.request.urlopen(request, timeout=600) as answer:\n"
+        "        for raw in answer:\n"
+        "            line = raw.decode().strip()\n"
+        "            if line == 'data: [DONE]':\n"
+        "                seen['done'] = True\n"
+        "            elif line.startswith('data:'):\n"
+        "                meta = json.loads(line[5:])['meta_info']\n"
+        "                seen['finish_reason'], seen['tokens'] = meta['finish_reason'], meta['completion_tokens']\n"
+        "except Exception as exc:\n"
+        "    seen['error'] = repr(exc)\n"
+        f"open('{out}.tmp', 'w').write(json.dumps(seen))\n"
+        f"os.replace('{out}.tmp', '{out}')\n"
+    )
+    sh(lab, host, f"rm -f {out}; cat > /run/stop_long.py <<'PYEOF'\n{script}PYEOF")
+    mark = since_now(lab, host)
+    time.sleep(1)
+    sh(lab, host, "(python3 /run/stop_long.py) </dev/null >/dev/null 2>&1 &")
+    sh(lab, host, f"python3 - <<'EOF'\n{RUNNING.replace('>= 16', '>= 1') % KEY}\nEOF", timeout=90)
+    sh(lab, host, f"systemctl restart {UNIT}", timeout=600)
+    seen = json.loads(sh(lab, host, f"until [ -s {out} ]; do sleep 0.2; done; cat {out}", timeout=300))
+    assert seen["error"] is None and seen["done"] is True, seen
+    assert seen["finish_reason"]["type"] == "abort", seen
+    assert 0 < seen["tokens"] < 6000, seen
+    journal = journal_since(lab, host, mark)
+    assert_clean_stops(journal, 1)
+    assert "aborted every request (POST /abort_request abort_all)" in journal, journal
+    assert "its requests aborted at the end of the drain budget" in journal, journal
+    # The stop ended as SGLang's own shutdown does, and the start after it found the GPU free (its gate passed).
+    assert "exited, status=0/SUCCESS" in journal or "Deactivated successfully" in journal, journal
+    assert sh(lab, host, f"systemctl is-active {UNIT}").strip() == "active"
+    assert sh(lab, host, f"systemctl show -P NRestarts {UNIT}").strip() == "0"

@@ -46,7 +46,7 @@ def check_mode_plan(runners: HostRunners, result: ChainResult, before, drain) ->
     phase = options.phase
     plan, mode = {}, None
     if phase not in (PHASE_START, PHASE_GATE):
-        mode, why = stop_mode(before, runners.engine_not_ready)
+        mode, why = stop_mode(before, runners.serving_check())
         if mode == "drain" and options.node_rank:
             mode, why = "kill", f"{why}; node_rank {options.node_rank} serves no request: killed, not drained"
         plan["stop"] = {"mode": mode, "why": why}

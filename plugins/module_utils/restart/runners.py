@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ansible_collections.llmops.inference.plugins.module_utils import host_lock as _host_lock
-from ansible_collections.llmops.inference.plugins.module_utils.gateway_drain import IN_FLIGHT_METRICS, in_flight
 from ansible_collections.llmops.inference.plugins.module_utils.gpu_selection import ORPHAN_PATTERN
+from ansible_collections.llmops.inference.plugins.module_utils.in_flight import IN_FLIGHT_METRICS, count_in_flight
 from ansible_collections.llmops.inference.plugins.module_utils.known_good import KnownGoodStore
 from ansible_collections.llmops.inference.plugins.module_utils.probe import SglangProbe
 from ansible_collections.llmops.inference.plugins.module_utils.probe_settings import ProbeSettings
@@ -92,7 +92,7 @@ class HostRunners:
 
     def _host_in_flight(self):
         try:
-            return in_flight(self._client(METRICS_TIMEOUT_S).metric_samples(IN_FLIGHT_METRICS))
+            return count_in_flight(self._client(METRICS_TIMEOUT_S).metric_samples(IN_FLIGHT_METRICS))
         except SglangError:
             return None
 
@@ -103,6 +103,11 @@ class HostRunners:
         except SglangError as exc:
             return f"the engine is not ready: {exc}"
         return None if status == 200 else f"the engine is not ready: HTTP {status}"
+
+    def serving_check(self):
+        """What tells a unit that systemd restarted from one in its loop: the engine's readiness; none on a rank >= 1,
+        whose dummy server has no /ready and whose unit (Restart=always) comes back after each of rank 0's stops."""
+        return None if self.options.node_rank else self.engine_not_ready
 
     def systemctl(self, *args) -> tuple:
         return self.run_command(["systemctl", *args])

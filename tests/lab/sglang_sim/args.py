@@ -113,6 +113,7 @@ def _sglang_flags(parser: argparse.ArgumentParser) -> None:
     add("--served-model-name", default=None)
     add("--tp-size", "--tensor-parallel-size", "--tp", dest="tp_size", type=int, default=1)
     add("--dp-size", "--data-parallel-size", dest="dp_size", type=int, default=1)
+    add("--pp-size", "--pipeline-parallel-size", dest="pp_size", type=int, default=1)
     add("--host", default="127.0.0.1")
     add("--port", type=int, default=30000)
     add("--mem-fraction-static", type=float, default=None)

@@ -41,6 +41,14 @@ class ClientGone(Exception):
         self.kept = kept
 
 
+class _AbortedWaiting(Exception):
+    """The request was aborted while in the scheduler's waiting queue."""
+
+
+# FINISH_ABORT().to_json() (managers/schedule_batch.py), what the scheduler's abort_request gives a request.
+ABORT_FINISH_REASON = {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
+
+
 class GenerationError(Exception):
     """A request SGLang would refuse; carries the HTTP status."""
 
@@ -145,6 +153,8 @@ class Engine:
         self.last_receive_wall = time.time()  # TokenizerManager.last_receive_tstamp (for the health log)
         self._seen_prompts: OrderedDict = OrderedDict()
         self._seen_lock = threading.Lock()
+        self._live: dict[int, Request] = {}  # id(request) -> request, from admission until its output
+        self._aborted: set[int] = set()
         self.mean_accept_length = None
         if config.spec.enabled and config.spec_params is not None:
             spec = config.spec
@@ -345,6 +355,19 @@ class Engine:
 
         return check
 
+    def abort(self, rid: str, abort_all: bool) -> int:
+        """The scheduler's abort_request: every live request (abort_all) or those whose rid starts with `rid` end with
+        an abort finish reason, the waiting ones at once, the running ones at their next decode step. A stuck or
+        stalled scheduler never reads it. Returns how many requests it marked."""
+        with self._cond:
+            chosen = [key for key, req in self._live.items() if abort_all or (rid and req.rid.startswith(rid))]
+            self._aborted.update(chosen)
+            self._cond.notify_all()
+            return len(chosen)
+
+    def _is_aborted(self, request: Request) -> bool:
+        return id(request) in self._aborted
+
     def _admit(self, request: Request, client_gone) -> str:
         """Wait for a running slot; returns the mode the request runs in. Holds no lock on return."""
         with self._cond:
@@ -367,6 +390,11 @@ class Engine:
                     if self.mode == STUCK:
                         self._waiting.remove(request)
                         return STUCK
+                    if self._is_aborted(request):
+                        self._waiting.remove(request)
+                        self._publish_if_idle()
+                        self._cond.notify_all()
+                        raise _AbortedWaiting()
                     self._wait(None)
                     check()
             except ClientGone:
@@ -412,7 +440,22 @@ class Engine:
         arrived = time.monotonic()
         self.validate(request)
         cached = self._cached_tokens(request)
-        mode = self._admit(request, client_gone)
+        with self._cond:
+            self._live[id(request)] = request
+        try:
+            return self._generate(request, emit, client_gone, arrived, cached)
+        finally:
+            with self._cond:
+                self._live.pop(id(request), None)
+                self._aborted.discard(id(request))
+
+    def _generate(self, request: Request, emit, client_gone, arrived: float, cached: int) -> dict:
+        try:
+            mode = self._admit(request, client_gone)
+        except _AbortedWaiting:
+            final = self._chunk(request, [], start=0, end=0, finish_reason=dict(ABORT_FINISH_REASON), cached=0)
+            final["meta_info"]["e2e_latency"] = time.monotonic() - arrived
+            return final
         phase = {"decoding": False}
         if mode == STUCK:
             self._never(client_gone, kept=True)
@@ -437,6 +480,7 @@ class Engine:
         last_chunk_at = 0
         first_token_at = None
         done = 0.0  # decode steps completed (fractional while one is under way)
+        aborted = False
         with self._cond:
             while time.monotonic() < prefill_end:
                 self._wait(prefill_end)
@@ -453,6 +497,9 @@ class Engine:
                     continue
                 target = index + 1
                 while done < target:
+                    if self._is_aborted(request):  # FINISH_ABORT at its next step: the tokens done so far
+                        aborted = True
+                        break
                     if self.mode != NORMAL:  # the scheduler stopped making progress under this request too
                         self._never(client_gone, kept=self.mode == STUCK)
                     step_s = latency * self._step_cost(self._running)
@@ -463,6 +510,8 @@ class Engine:
                         done, clock = float(target), due
                     else:  # woken by a batch change: count what was done at the old pace
                         done, clock = done + (now - clock) / step_s, now
+                if aborted:
+                    break
                 if first_token_at is None:
                     first_token_at = clock if index == 0 else prefill_end + (clock - prefill_end) / target
                 self.last_receive_wall = time.time()
@@ -478,11 +527,16 @@ class Engine:
                     last_chunk_at = end
         finished_at = time.monotonic()
         first_token_at = finished_at if first_token_at is None else first_token_at
+        produced = ends[-1] if ends else 0
+        if aborted:
+            steps = int(done)
+            produced = max(ends[steps - 1] if steps else 0, last_chunk_at)
+            finish_reason = dict(ABORT_FINISH_REASON)
         final = self._chunk(
             request,
             pieces,
             start=last_chunk_at if emit else 0,
-            end=ends[-1] if ends else 0,
+            end=produced,
             finish_reason=finish_reason,
             cached=cached,
         )
@@ -492,7 +546,7 @@ class Engine:
             FinishedRequest(
                 streaming=request.stream,
                 prompt_tokens=request.prompt_tokens,
-                completion_tokens=ends[-1] if ends else 0,
+                completion_tokens=produced,
                 first_token_at=first_token_at,
                 finished_at=finished_at,
                 ttft=first_token_at - arrived,

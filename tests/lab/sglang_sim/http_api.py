@@ -112,10 +112,25 @@ class Handler(BaseHTTPRequestHandler):
 
     def _dispatch(self, method: str) -> None:
         self.server.track(+1)
+        # sglang:http_requests_active (observability/http_request_metrics.py `track_http_status_code`): up before the
+        # handler runs, down once the whole response, a streamed body included, has been sent; only with
+        # --enable-metrics (http_server.py `lifespan` calls init_http_request_metrics then).
+        label = self._endpoint_label(method) if self.state.ns.enable_metrics else None
+        if label is not None:
+            self.server.http_active.change(label, +1)
         try:
             self._dispatch_request(method)
         finally:
+            if label is not None:
+                self.server.http_active.change(label, -1)
             self.server.track(-1)
+
+    def _endpoint_label(self, method: str) -> tuple[str, str]:
+        """(endpoint, method): the matched route's path template, else the raw path (`_get_fastapi_request_path`)."""
+        path = self.path.split("?", 1)[0]
+        if path.startswith("/v1/models/"):
+            return ("/v1/models/{model:path}", method)
+        return (path, method)
 
     def _dispatch_request(self, method: str) -> None:
         path = self.path.split("?", 1)[0]
@@ -152,6 +167,7 @@ class Handler(BaseHTTPRequestHandler):
             "/v1/chat/completions": self.chat,
             "/v1/completions": self.completions,
             "/flush_cache": self.flush_cache,
+            "/abort_request": self.abort_request,
         }
         if method == "GET":
             if path.startswith("/v1/models/"):
@@ -230,6 +246,19 @@ class Handler(BaseHTTPRequestHandler):
             "text/plain; charset=utf-8",
         )
 
+    def abort_request(self) -> None:
+        """POST /abort_request (http_server.py `abort_request`, TokenizerManager.abort_request and the scheduler's):
+        {"rid": ..., "abort_all": bool}; the aborted requests end with FINISH_ABORT's finish reason; 200, no body."""
+        body = self._body() if self._raw else {}
+        if not isinstance(body, dict):
+            self._json(400, {"error": {"message": "The request body must be a JSON object."}})
+            return
+        rid = body.get("rid") or ""
+        abort_all = bool(body.get("abort_all"))
+        if abort_all or rid:
+            self.state.engine.abort(str(rid), abort_all)
+        self._send(200, b"", "text/plain; charset=utf-8")
+
     def metrics(self) -> None:
         spec = self.state.spec
         body = metrics.render(
@@ -241,6 +270,7 @@ class Handler(BaseHTTPRequestHandler):
             max_total_num_tokens=self.state.max_total_num_tokens,
             used_tokens=0,
             realtime_tokens=self.state.engine.realtime_tokens(),
+            http_active=self.server.http_active.samples(),
         )
         self._send(200, body.encode(), "text/plain; version=0.0.4; charset=utf-8")
 
@@ -331,6 +361,7 @@ class SimHTTPServer(ThreadingHTTPServer):
         super().__init__(*args, **kwargs)
         self._active = 0
         self._active_lock = threading.Condition()
+        self.http_active = metrics.LabelledGauge()
 
     def track(self, change: int) -> None:
         with self._active_lock:

@@ -64,7 +64,7 @@ def server_args(ns, spec, model: ModelConfig) -> dict:
         "max_running_requests": ns.max_running_requests or (48 if spec.enabled else 2048),
         "tp_size": ns.tp_size,
         "dp_size": ns.dp_size,
-        "pp_size": 1,
+        "pp_size": ns.pp_size,
         "base_gpu_id": ns.base_gpu_id,
         "gpu_id_step": ns.gpu_id_step,
         "device": "cuda",

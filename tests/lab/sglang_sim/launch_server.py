@@ -175,6 +175,7 @@ def _plans(ns, spec: spec_args.SpecConfig, model: info.ModelConfig, installed) -
                 crash=faults.CRASH_ON_LOAD in ns.faults and rank == 0,
                 never_load=faults.NEVER_LOAD in ns.faults,
                 orphan=faults.ORPHAN_SCHEDULERS in ns.faults,
+                pipeline=ns.pp_size > 1,
                 allreduce_error=allreduce_error,
                 group=group,
             )
@@ -295,7 +296,10 @@ def _follower(ns, spec, model, installed) -> int:
             )
 
         signal.signal(signal.SIGTERM, on_sigterm)
-        health = make_dummy_health_server(ns.host, ns.port)
+        model_name = ns.served_model_name or ns.model_path
+        local_tp = node_ranks(ns.tp_size, ns.dp_size, ns.nnodes, ns.node_rank)
+        exposition = follower_metrics(model_name, local_tp) if ns.enable_metrics else None
+        health = make_dummy_health_server(ns.host, ns.port, exposition)
         threading.Thread(target=health.serve_forever, name="health-check-server", daemon=True).start()
         logger.info("Dummy health check server started in background thread at %s:%s", ns.host, ns.port)
         for child in supervisor.schedulers:
@@ -307,7 +311,26 @@ def _follower(ns, spec, model, installed) -> int:
         supervisor.kill_process_tree(include_parent=False)  # launch_server.py's `finally`
 
 
-def make_dummy_health_server(host: str, port: int) -> ThreadingHTTPServer:
+def follower_metrics(model_name: str, tp_ranks: list[int]) -> str:
+    """What /metrics shows on a rank >= 1 with --enable-metrics (utils/common.py `launch_dummy_health_check_server`
+    adds `add_prometheus_middleware`: the multiprocess registry of this node's schedulers; no tokenizer metrics and no
+    sglang:http_requests_active, which only the main API server initialises). An idle node's gauges: rank 0 holds
+    the requests."""
+    lines = []
+    for name, doc in (
+        ("sglang:num_running_reqs", "The number of running requests."),
+        ("sglang:num_queue_reqs", "The number of requests in the waiting queue."),
+    ):
+        lines += [f"# HELP {name} {doc}", f"# TYPE {name} gauge"]
+        for rank in tp_ranks:
+            lines.append(
+                f'{name}{{model_name="{model_name}",engine_type="unified",tp_rank="{rank}",pp_rank="0",'
+                f'moe_ep_rank="0"}} 0.0'
+            )
+    return "\n".join(lines) + "\n"
+
+
+def make_dummy_health_server(host: str, port: int, metrics_text: str | None = None) -> ThreadingHTTPServer:
     class DummyHealth(BaseHTTPRequestHandler):
         def log_message(self, format, *args) -> None:  # uvicorn runs it at log level warning: no access lines
             pass
@@ -316,10 +339,13 @@ def make_dummy_health_server(host: str, port: int) -> ThreadingHTTPServer:
             path = self.path.split("?", 1)[0]
             if path in ("/ping", "/health", "/health_generate"):
                 body, status = b"", 200
+            elif metrics_text is not None and path.startswith("/metrics") and self.command == "GET":
+                body, status = metrics_text.encode(), 200
             else:
                 body, status = b'{"detail":"Not Found"}', 404
             self.send_response(status)
-            self.send_header("content-type", "application/json")
+            kind = "text/plain; version=0.0.4; charset=utf-8" if path.startswith("/metrics") else "application/json"
+            self.send_header("content-type", kind)
             self.send_header("content-length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)

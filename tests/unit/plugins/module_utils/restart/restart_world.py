@@ -13,6 +13,7 @@ from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from fake_proc import FakeClock
 
 from ansible_collections.llmops.inference.plugins.module_utils.host_lock import LockBusy, LockError
+from ansible_collections.llmops.inference.plugins.module_utils.in_flight import SOURCE_SCHEDULER, InFlight
 from ansible_collections.llmops.inference.plugins.module_utils.restart.chain import RestartChain
 from ansible_collections.llmops.inference.plugins.module_utils.restart.gate import GATE_TIERS, tier_list
 from ansible_collections.llmops.inference.plugins.module_utils.restart.options import (
@@ -46,6 +47,7 @@ class UnitSetup:
     need_reload: bool = False
     journal: list | None = None
     loaded: bool = True
+    restart_always: bool = False  # a rank >= 1's unit: a clean exit waits to come back (SubState=auto-restart)
 
 
 class FakeUnit:
@@ -59,6 +61,7 @@ class FakeUnit:
         self.burst = setup.burst
         self.need_reload = setup.need_reload
         self.loaded = setup.loaded
+        self.restart_always = setup.restart_always
         self.journal = (
             setup.journal if setup.journal is not None else [SERVER_ARGS, "The server is fired up and ready to roll!"]
         )
@@ -112,6 +115,16 @@ class FakeUnit:
         ready_at = run.started + run.load
         if now < ready_at:
             return {"ActiveState": "activating", "SubState": "start-post", "MainPID": str(run.pid)}
+        if run.exit0_after_ready is not None and now >= ready_at + run.exit0_after_ready and self.restart_always:
+            return {
+                "ActiveState": "activating",
+                "SubState": "auto-restart",
+                "MainPID": "0",
+                "NRestarts": "1",
+                "ExecMainStatus": "0",
+                "ExecMainCode": "1",
+                "ExecMainPID": str(run.pid),
+            }
         if run.exit0_after_ready is not None and now >= ready_at + run.exit0_after_ready:
             return {
                 "ActiveState": "inactive",
@@ -350,11 +363,19 @@ ADMIN_KEY = "gw-adm1n-s3cret"
 
 
 class Scrapes:
-    """The engine's in-flight counts, one per scrape (the last one for ever); None when /metrics is down."""
+    """The engine's in-flight counts, one per scrape (the last one for ever): (running, queued) of the scheduler's
+    gauges (an engine without sglang:http_requests_active), an InFlight, or None when /metrics is down."""
 
     def __init__(self, *answers):
-        self.answers = list(answers) or [(0, 0)]
+        self.answers = [self._reading(answer) for answer in answers] or [self._reading((0, 0))]
         self.calls = 0
+
+    @staticmethod
+    def _reading(answer):
+        if isinstance(answer, tuple):
+            running, queued = answer
+            return InFlight(SOURCE_SCHEDULER, running + queued, running, queued)
+        return answer
 
     def __call__(self):
         self.calls += 1
