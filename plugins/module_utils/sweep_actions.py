@@ -14,6 +14,13 @@ from dataclasses import replace
 from ansible_collections.llmops.inference.plugins.module_utils.bench import BenchInputError, BenchSettings
 from ansible_collections.llmops.inference.plugins.module_utils.bench_levels import LEVEL_OPTIONS
 from ansible_collections.llmops.inference.plugins.module_utils.redact import Redactor
+from ansible_collections.llmops.inference.plugins.module_utils.sweep_adaptive import (
+    DEFAULT_ADAPTIVE_MARGIN,
+    adaptive_csv,
+    deployable,
+    render_config,
+    sweep_refusal,
+)
 from ansible_collections.llmops.inference.plugins.module_utils.sweep_choice import (
     applied_choice,
     best_per_level,
@@ -69,6 +76,8 @@ REPORT_FILES = {
     "markdown": "results.md",
     "png": "results.png",
     "pareto_png": "results-pareto.png",
+    "adaptive_config": "adaptive-config.json",
+    "adaptive_csv": "results-adaptive.csv",
 }
 
 
@@ -144,6 +153,11 @@ def plan_sweep(params: dict, run: dict, now: float, write: bool = True) -> dict:
         sweep_stability_window=(params.get("stability_window", 0), 0),
     )
     _check_scoring(params["mad_penalty"], params["tolerance"])
+    margin = params.get("adaptive_margin", DEFAULT_ADAPTIVE_MARGIN)
+    if not (isinstance(margin, (int, float)) and 0 <= margin < 1):
+        raise SweepInputError(
+            "sweep_adaptive_margin", f"must be a fraction from 0 up to (not including) 1, got {margin!r}"
+        )
     bench = bench_options(params.get("bench") or {})
     levels = _levels(params, bench)
     slo = check_slo(params.get("slo"))
@@ -169,6 +183,10 @@ def plan_sweep(params: dict, run: dict, now: float, write: bool = True) -> dict:
         "tolerance": params["tolerance"],
         "apply": params.get("apply", "original"),
         "points": [point.as_dict() for point in points],
+        "adaptive": {
+            "margin": margin,
+            "refused": sweep_refusal(algorithm, sorted({p.topk for p in points}), params.get("host_args") or {}),
+        },
     }
     store = ResultsDir(params["results_dir"])
     run = dict(run, started_at=now, hosts=hosts)
@@ -215,6 +233,7 @@ def plan_sweep(params: dict, run: dict, now: float, write: bool = True) -> dict:
         "replaced": replaced,
         "recovered": recovered,
         "level_warnings": level_warnings(levels, params.get("host_args") or {}),
+        "adaptive_refused": definition["adaptive"]["refused"],
     }
 
 
@@ -337,12 +356,14 @@ def write_reports(params: dict, now: float, write: bool = True) -> dict:
     robust = robust_choice(in_scope, levels, tolerance)
     sla = sla_choice(in_scope, levels, definition.get("slo") or {}, tolerance)
     frontier = pareto(in_scope)
+    choice = applied_choice(robust, sla)
     report = {
         "best_per_level": best_levels,
         "robust_choice": robust,
         "sla_choice": sla,
-        "choice": applied_choice(robust, sla),
+        "choice": choice,
         "pareto": frontier,
+        "deployable": deployable(in_scope, levels, definition, choice),
     }
     run_timing = timing(records, run, now)
     document = dict(
@@ -353,7 +374,10 @@ def write_reports(params: dict, now: float, write: bool = True) -> dict:
         "json": (json.dumps(document, indent=2, sort_keys=True) + "\n").encode("utf-8"),
         "csv": csv_text(records).encode("utf-8"),
         "markdown": markdown(rows, report, definition, run_timing).encode("utf-8"),
+        "adaptive_csv": adaptive_csv(report["deployable"]).encode("utf-8"),
     }
+    if report["deployable"]["adaptive"]["config"] is not None:
+        contents["adaptive_config"] = render_config(report["deployable"]["adaptive"]["config"]).encode("utf-8")
     plot_skipped = None
     if not params.get("plot", True):
         plot_skipped = "plot: false"

@@ -34,6 +34,12 @@ description:
     each rule in words, this run's timing), C(results.csv) (one row per raw run), C(results.md) (the same as
     tables) and, when matplotlib can be imported, C(results.png) (tok/s against steps per load level) and
     C(results-pareto.png) (tok/s per user against tok/s per GPU, frontier marked).
+  - Every report carries the deployable configuration (RV(deployable)) - the static choice with its SGLang
+    arguments, and an adaptive config for SGLang's C(--speculative-adaptive --speculative-adaptive-config FILE)
+    written to C(adaptive-config.json) (keys the load levels, C(candidate_steps) the lossless top-k 1 points within
+    O(adaptive_margin) of each level's best, other knobs at SGLang's defaults), where each number came from in
+    C(results-adaptive.csv), C(results.md) and C(results.json); refused with SGLang's reason (RV(adaptive_refused))
+    when the swept engines could not run it.
   - Best per level - score = median tok/s - O(mad_penalty) x MAD over the repeat runs, points within O(tolerance)
     of the top score count as equal and the fewest steps (then the lowest top-k, the fewest draft tokens) wins.
     Robust choice - the point with the best worst case, over the load levels, of its median tok/s / that level's
@@ -198,6 +204,14 @@ options:
     description:
       - For O(action=plan); recorded in C(sweep.json), where O(action=report) reads it. Points within this fraction
         of the top score (or worst ratio, or SLA throughput) count as equal, and the fewest steps wins among them.
+    type: float
+    default: 0.02
+  adaptive_margin:
+    description:
+      - For O(action=plan); recorded in C(sweep.json), where O(action=report) reads it. The adaptive config's
+        C(candidate_steps) at each load level are the steps of the lossless top-k 1 points whose median output tok/s
+        is within this fraction of that level's best median (a point whose record says C(lossless=false) is left
+        out; one without the field counts as lossless).
     type: float
     default: 0.02
   unit_status:
@@ -386,6 +400,23 @@ stability_window:
   returned: success
   type: int
   sample: 0
+adaptive_refused:
+  description:
+    - Why SGLang would not run adaptive speculative decoding on the swept engines (O(action=plan)), in SGLang's words
+      (C(adaptive_unsupported_reason) - only EAGLE/EAGLE3, top-k 1, no attention DP, no multi-layer EAGLE, no
+      two-batch overlap, no PD multiplexing) - C(reason), and C(host) when a host's extra arguments are why; null
+      when it would. The sweep still measures and reports the static choice.
+  returned: success
+  type: dict
+deployable:
+  description:
+    - What a deploy takes from the sweep (O(action=report)) - C(static) (C(rule), C(point), C(args) - its SGLang
+      arguments, C(source)) and C(adaptive) (C(config) - the adaptive config keyed by load level, written to
+      C(adaptive-config.json), null when refused or nothing qualifies; C(entries) - per level the best point and
+      every candidate with its median, ratio to the best and host, the points left out and why; C(margin),
+      C(refused), C(reason), C(knobs), C(source)), and C(sglang_default_config) (SGLang's built-in default).
+  returned: success
+  type: dict
 level_warnings:
   description: Load levels that SGLang would not run at their nominal concurrency (O(action=plan)).
   returned: success
@@ -485,7 +516,9 @@ timing:
   type: dict
 files:
   description:
-    - The report files written (O(action=report)), by kind (C(json), C(csv), C(markdown), C(png), C(pareto_png)).
+    - The report files written (O(action=report)), by kind (C(json), C(csv), C(markdown), C(png), C(pareto_png),
+      C(adaptive_config) - C(adaptive-config.json), C(adaptive_csv) - C(results-adaptive.csv), where each candidate
+      step came from).
   returned: success
   type: dict
 plot_skipped:
@@ -507,6 +540,7 @@ from ansible_collections.llmops.inference.plugins.module_utils.sweep_actions imp
     record_levels,
     write_reports,
 )
+from ansible_collections.llmops.inference.plugins.module_utils.sweep_adaptive import DEFAULT_ADAPTIVE_MARGIN  # noqa: E402
 from ansible_collections.llmops.inference.plugins.module_utils.sweep_plan import SweepInputError  # noqa: E402
 
 
@@ -537,6 +571,7 @@ ARGUMENT_SPEC = {
     "apply": {"type": "str", "default": "original", "choices": ["original", "best"]},
     "mad_penalty": {"type": "float", "default": 1.0},
     "tolerance": {"type": "float", "default": 0.02},
+    "adaptive_margin": {"type": "float", "default": DEFAULT_ADAPTIVE_MARGIN},
     "levels": {"type": "list", "elements": "int"},
     "journal": {"type": "list", "elements": "str"},
     "leftover_progress": {"type": "list", "elements": "str"},

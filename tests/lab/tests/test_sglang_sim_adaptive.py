@@ -62,7 +62,7 @@ def real_adaptive_module() -> dict:
         "log_info_on_rank0": lambda *args: None,
         "__name__": "real_adaptive",
     }
-    exec(compile(ast.Module(body=keep, type_ignores=[]), "adaptive_spec_params.py", "exec"), namespace)  # noqa: S102
+    exec(compile(ast.Module(body=keep, type_ignores=[]), "adaptive_spec_params.py", "exec"), namespace)
     return namespace
 
 
@@ -213,11 +213,11 @@ def test_a_switch_costs_no_time_and_the_pace_follows_the_steps(tmp_path):
     path = config_file(tmp_path, {"1": {"candidate_steps": [4]}, "16": {"candidate_steps": [2]}})
     eng = make_engine(path, 2)
     for running, steps in ((1, 4), (16, 2)):
-        expected = 0.002 * specmodel.step_cost(steps, 1, steps + 1, EAGLE, running) / EAGLE_ACCEPT(steps)
+        expected = 0.002 * specmodel.step_cost(steps, 1, steps + 1, EAGLE, running) / eagle_accept(steps)
         assert eng._pace(running) == pytest.approx(expected)
 
 
-def EAGLE_ACCEPT(steps: int) -> float:  # noqa: N802
+def eagle_accept(steps: int) -> float:
     return specmodel.accept_length(steps, 1, steps + 1, EAGLE)
 
 
@@ -241,5 +241,5 @@ def test_generation_under_adaptive_steps_reports_the_steps_accept_length(tmp_pat
     for result in results:
         meta = result["meta_info"]
         assert meta["completion_tokens"] == 64
-        assert meta["spec_accept_length"] == pytest.approx(EAGLE_ACCEPT(3), rel=0.2)
+        assert meta["spec_accept_length"] == pytest.approx(eagle_accept(3), rel=0.2)
     assert eng.realtime_tokens()["decode"] > 0
