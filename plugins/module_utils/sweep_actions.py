@@ -8,6 +8,8 @@ Private to the llmops.inference collection; not a public API. ``params`` are the
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 from dataclasses import replace
 
@@ -46,6 +48,8 @@ from ansible_collections.llmops.inference.plugins.module_utils.sweep_plot import
     render_pareto_png,
     render_png,
 )
+from ansible_collections.llmops.inference.plugins.module_utils.sweep_prove import arms, compare, schedule
+from ansible_collections.llmops.inference.plugins.module_utils.sweep_prove import csv_rows as proof_rows
 from ansible_collections.llmops.inference.plugins.module_utils.sweep_records import (
     MEASURED,
     LevelOutcome,
@@ -76,8 +80,9 @@ REPORT_FILES = {
     "markdown": "results.md",
     "png": "results.png",
     "pareto_png": "results-pareto.png",
-    "adaptive_config": "adaptive-config.json",
+    "adaptive_config": "results-adaptive-config.json",
     "adaptive_csv": "results-adaptive.csv",
+    "proof_csv": "results-proof.csv",
 }
 
 
@@ -262,6 +267,20 @@ def _point_run(params: dict) -> LevelRun:
     )  # fmt: skip
 
 
+def record_arm(params: dict, write: bool = True) -> dict:
+    """Record one arm of the proof for one round (``arm``, ``round``) at every level (``levels``), from its one
+    benchmark or its failed load, as record_levels records a point."""
+    arm = params.get("arm") or {}
+    if not arm.get("id") or not isinstance(params.get("round"), int):
+        raise SweepInputError("arm", "and round must name the arm (its id) and the round to record")
+    point = {key: arm.get(key) for key in ("id", "steps", "topk", "draft_tokens")}
+    result = record_levels(dict(params, point=point), write=False)
+    records = [dict(record, round=params["round"], arm=arm) for record in result["records"]]
+    store = ResultsDir(params["results_dir"])
+    paths = [store.write_arm(record) for record in records] if write else []
+    return dict(result, records=records, paths=paths)
+
+
 def record_levels(params: dict, write: bool = True) -> dict:
     """Record one level (``concurrency``) or several (``levels``): from one benchmark of all of them (``benchmark``
     and ``bench_progress``, see sweep_records.point_level_records), or all failed the same way (the point's load
@@ -338,6 +357,12 @@ def recover_levels(store: ResultsDir, contents, planned: dict, earlier_runs: lis
     return recovered
 
 
+def _csv(rows: list) -> str:
+    out = io.StringIO()
+    csv.writer(out, lineterminator="\n").writerows(rows)
+    return out.getvalue()
+
+
 def write_reports(params: dict, now: float, write: bool = True) -> dict:
     store = ResultsDir(params["results_dir"])
     sweep = store.read_definition()
@@ -357,13 +382,21 @@ def write_reports(params: dict, now: float, write: bool = True) -> dict:
     sla = sla_choice(in_scope, levels, definition.get("slo") or {}, tolerance)
     frontier = pareto(in_scope)
     choice = applied_choice(robust, sla)
+    deploy = deployable(in_scope, levels, definition, choice)
+    config_path = params.get("adaptive_config_path") or ""
+    arm_list = arms(deploy, best_levels, config_path)
+    arm_rows = [
+        dict(summarize(record, definition["mad_penalty"]), round=record["round"]) for record in store.arm_records()
+    ]
     report = {
         "best_per_level": best_levels,
         "robust_choice": robust,
         "sla_choice": sla,
         "choice": choice,
         "pareto": frontier,
-        "deployable": deployable(in_scope, levels, definition, choice),
+        "deployable": deploy,
+        "prove_plan": schedule(arm_list, params.get("prove_rounds") or 0),
+        "proof": compare(arm_rows, arm_list, best_levels, levels) if arm_rows else None,
     }
     run_timing = timing(records, run, now)
     document = dict(
@@ -376,6 +409,8 @@ def write_reports(params: dict, now: float, write: bool = True) -> dict:
         "markdown": markdown(rows, report, definition, run_timing).encode("utf-8"),
         "adaptive_csv": adaptive_csv(report["deployable"]).encode("utf-8"),
     }
+    if report["proof"] is not None:
+        contents["proof_csv"] = _csv(proof_rows(report["proof"])).encode("utf-8")
     if report["deployable"]["adaptive"]["config"] is not None:
         contents["adaptive_config"] = render_config(report["deployable"]["adaptive"]["config"]).encode("utf-8")
     plot_skipped = None

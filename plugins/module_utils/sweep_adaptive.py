@@ -318,7 +318,8 @@ def markdown_lines(deploy: dict) -> list:
         lines.append(f"`{' '.join(static['args'])}`: {static['source']}.")
     else:
         lines.append(f"None ({static['reason']}).")
-    lines += ["", "### Adaptive (`--speculative-adaptive --speculative-adaptive-config adaptive-config.json`)", ""]
+    lines += ["", "### Adaptive (`--speculative-adaptive --speculative-adaptive-config FILE`)", ""]
+    lines.append("FILE: results-adaptive-config.json of this results directory.")
     lines.append(adaptive["source"] + ".")
     if adaptive["config"] is None:
         lines += ["", f"No adaptive config: {adaptive['reason']}."]

@@ -16,6 +16,7 @@ import io
 from ansible_collections.llmops.inference.plugins.module_utils.sweep_adaptive import (
     markdown_lines as deployable_markdown,
 )
+from ansible_collections.llmops.inference.plugins.module_utils.sweep_prove import markdown_lines as proof_markdown
 from ansible_collections.llmops.inference.plugins.module_utils.sweep_records import MEASURED, RUN_METRICS
 
 RULES = {
@@ -175,6 +176,7 @@ def markdown(rows: list, report: dict, definition: dict, run_timing: dict) -> st
     ]
     if report.get("deployable"):
         lines += deployable_markdown(report["deployable"])
+        lines += proof_markdown(report.get("proof"))
     lines += [
         "",
         "## Pareto frontier",

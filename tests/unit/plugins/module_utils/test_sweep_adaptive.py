@@ -178,7 +178,7 @@ def test_every_report_format_carries_both_settings_and_their_sources(tmp_path):
     report = lab_sweep(tmp_path)
     deploy = report["deployable"]
     assert deploy["static"]["point"]["steps"] == 3 and deploy["static"]["args"][1] == "3"
-    config = json.loads((tmp_path / "adaptive-config.json").read_text())
+    config = json.loads((tmp_path / "results-adaptive-config.json").read_text())
     assert {key: entry["candidate_steps"] for key, entry in config.items()} == {"1": [3, 4], "16": [2, 3]}
     assert config_errors(config) == []
     document = json.loads((tmp_path / "results.json").read_text())
@@ -210,7 +210,7 @@ def test_a_top_k_two_sweep_is_refused_for_adaptive_and_still_reports_the_static_
     assert deploy["adaptive"]["reason"].endswith("speculative_eagle_topk=2 (only topk=1 is supported)")
     assert deploy["static"]["point"]["steps"] == 3 and deploy["static"]["args"][3] == "2"
     assert "adaptive_config" not in report["files"]
-    assert not (tmp_path / "adaptive-config.json").exists()
+    assert not (tmp_path / "results-adaptive-config.json").exists()
     assert "No adaptive config: SGLang would not run adaptive" in (tmp_path / "results.md").read_text()
 
 
