@@ -357,6 +357,14 @@ def recover_levels(store: ResultsDir, contents, planned: dict, earlier_runs: lis
     return recovered
 
 
+def _with_levels(order: list, definition: dict) -> list:
+    """Each arm of the proof measures every level of the sweep, as sglang_bench's levels option takes them."""
+    sizes = definition.get("levels") or []
+    levels = [{key: level[key] for key in LEVEL_OPTIONS} for level in sizes]
+    budget = sum(level["budget_s"] for level in sizes)
+    return [dict(item, levels=levels, budget_s=budget) for item in order]
+
+
 def _csv(rows: list) -> str:
     out = io.StringIO()
     csv.writer(out, lineterminator="\n").writerows(rows)
@@ -395,7 +403,7 @@ def write_reports(params: dict, now: float, write: bool = True) -> dict:
         "choice": choice,
         "pareto": frontier,
         "deployable": deploy,
-        "prove_plan": schedule(arm_list, params.get("prove_rounds") or 0),
+        "prove_plan": _with_levels(schedule(arm_list, params.get("prove_rounds") or 0), definition),
         "proof": compare(arm_rows, arm_list, best_levels, levels) if arm_rows else None,
     }
     run_timing = timing(records, run, now)
