@@ -20,6 +20,7 @@ sys.path.insert(0, str(LAB_DIR))
 
 from labctl import image  # noqa: E402
 from sglang_sim import adaptive, engine, spec_args, specmodel  # noqa: E402
+from sim_support import FAST, generate  # noqa: E402
 
 ENUM = frozenset({"EAGLE", "EAGLE3", "STANDALONE", "NGRAM", "DFLASH", "NONE"})
 ALIASES = frozenset({"NEXTN"})
@@ -243,3 +244,46 @@ def test_generation_under_adaptive_steps_reports_the_steps_accept_length(tmp_pat
         assert meta["completion_tokens"] == 64
         assert meta["spec_accept_length"] == pytest.approx(eagle_accept(3), rel=0.2)
     assert eng.realtime_tokens()["decode"] > 0
+
+
+# -- the server -----------------------------------------------------------------------------------------------------
+def test_the_server_runs_adaptive_steps_and_reports_them(start, tmp_path):
+    path = config_file(tmp_path, {"1": {"candidate_steps": [3, 4], "warmup_batches": 2, "update_interval": 2}})
+    sim = start(
+        "--sim-token-latency-ms", "2", "--speculative-algorithm", "EAGLE", "--speculative-adaptive",
+        "--speculative-adaptive-config", path, *FAST,
+    )  # fmt: skip
+    info = json.loads(sim.get("/server_info")[1])
+    assert (info["speculative_adaptive"], info["speculative_adaptive_config"]) == (True, path)
+    assert (info["speculative_num_steps"], info["speculative_eagle_topk"], info["speculative_num_draft_tokens"]) == (
+        4,
+        1,
+        5,
+    )
+    for rid in ("a", "b", "c"):
+        status, raw = generate(sim, 64, rid=rid)
+        assert status == 200
+    # The slot starts at 4 (the middle of [3, 4]); its EMA (1.77 at 4 steps) is below 3 - 0.5 - 0.25, so it drops to 3.
+    meta = json.loads(raw)["meta_info"]
+    assert meta["spec_accept_length"] == pytest.approx(eagle_accept(3), rel=0.15)
+
+
+def test_the_server_falls_back_to_static_with_sglangs_warning(start, tmp_path):
+    path = config_file(tmp_path, {"1": {"candidate_steps": []}})
+    sim = start(
+        "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "2",
+        "--speculative-num-draft-tokens", "6", "--speculative-adaptive", "--speculative-adaptive-config", path,
+        "--sim-load-time", "0.3", "--sim-warmup-time", "0.1",
+    )  # fmt: skip
+    info = json.loads(sim.get("/server_info")[1])
+    assert info["speculative_adaptive"] is False and info["speculative_num_steps"] == 3
+    assert "speculative_adaptive disabled: speculative_eagle_topk=2 (only topk=1 is supported)" in sim.log
+
+
+def test_a_bad_config_stops_the_server_naming_the_entry(start, tmp_path):
+    path = config_file(tmp_path, {"1": {"candidate_steps": [3]}, "16": {"candidate_steps": []}})
+    sim = start("--speculative-algorithm", "EAGLE", "--speculative-adaptive", "--speculative-adaptive-config", path,
+                "--sim-load-time", "0.3", healthy=False)  # fmt: skip
+    code, log = sim.finish()
+    assert code == 1
+    assert "ValueError: BS 16: candidate_steps must be a list of non-negative ints, got []" in log
