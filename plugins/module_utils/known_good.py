@@ -72,6 +72,8 @@ OBJECTS_DIR = "objects"
 SCAN_CACHE = "sources-scan.json"
 STAGING_PREFIX = ".new."
 DROPINS = "dropins/"
+# Named files a snapshot may lack: restoring one that lacks it removes the file the other snapshot named.
+OPTIONAL_FILES = ("adaptive_config",)
 SOURCES_FORMAT = 1
 # Snapshot entries whose content is compared to tell a new known-good state from the current one.
 IDENTITY_KEYS = ("files", "patch_state_id", "node_group_restart")
@@ -437,6 +439,16 @@ class KnownGoodStore:
                 data = read_bytes(os.path.join(self.snapshot_dir(which), FILES_DIR, key))
                 atomic_write(path, data, mode=int(entry["mode"], 8))
         kept = {entry["path"] for key, entry in manifest["files"].items() if key.startswith(DROPINS)}
+        # A file that the other snapshot names and this one does not (an adaptive config added since) goes too.
+        named = {entry["path"] for key, entry in manifest["files"].items() if not key.startswith(DROPINS)}
+        other = self.read("previous" if which == "current" else "current") or {}
+        for key, entry in sorted((other.get("files") or {}).items()):
+            path = entry.get("path")
+            if key.startswith(DROPINS) or key not in OPTIONAL_FILES or path in named or not os.path.isfile(path):
+                continue
+            removed.append(path)
+            if not check_mode:
+                os.unlink(path)
         if os.path.isdir(dropin_dir):
             for name in sorted(os.listdir(dropin_dir)):
                 path = os.path.join(dropin_dir, name)
