@@ -27,8 +27,14 @@ SERVER_ADAPTIVE = (
     "i = json.load(urllib.request.urlopen('http://127.0.0.1:30000/server_info', timeout=5)); "
     "print(json.dumps([i['speculative_adaptive'], i['speculative_adaptive_config']]))"
 )
-EAGLE = {"sglang_service_speculative_algorithm": "EAGLE", "sglang_service_speculative_num_steps": None,
-         "sglang_service_speculative_eagle_topk": 1}  # fmt: skip
+# The static base (steps 3, top-k 1); with an adaptive config the base leaves steps and top-k to SGLang (it starts
+# at the middle candidate, top-k 1), so the base unit alone is valid too.
+EAGLE = {
+    "sglang_service_speculative_algorithm": "EAGLE",
+    "sglang_service_speculative_num_steps": 3,
+    "sglang_service_speculative_eagle_topk": 1,
+}
+ADAPTIVE = dict(EAGLE, sglang_service_speculative_num_steps=None, sglang_service_speculative_eagle_topk=None)
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +126,7 @@ def test_deploy_brings_three_hosts_to_serve_the_sweeps_config_and_a_rollback_rem
     fleet = fleet_of(lab, 3)
     proc, records = run(fleet, DEPLOY, tmp_path, "plain", EAGLE)
     assert proc.returncode == 0 and outcomes(records) == dict.fromkeys(fleet.hosts, "deployed"), output(proc)
-    with_config = dict(EAGLE, sglang_service_speculative_adaptive_config=str(results_dir / "results.json"))
+    with_config = dict(ADAPTIVE, sglang_service_speculative_adaptive_config=str(results_dir / "results.json"))
     proc, records = run(fleet, DEPLOY, tmp_path, "adaptive", with_config)
     assert proc.returncode == 0 and outcomes(records) == dict.fromkeys(fleet.hosts, "deployed"), output(proc)
     config = json.loads((results_dir / "results-adaptive-config.json").read_text())
@@ -150,7 +156,7 @@ def test_a_config_sglang_would_reject_is_refused_in_preflight_naming_the_entry(l
         ({"1": {"candidate_steps": [3]}, "x4": {"candidate_steps": [2]}}, "entry 'x4': the key is not a batch size"),
         ({"1": {"candidate_steps": [3]}, "16": {"candidate_steps": []}}, "entry '16': candidate_steps must be"),
     ):
-        proc, _ = run(fleet, DEPLOY, tmp_path, "bad", dict(EAGLE, sglang_service_speculative_adaptive_config=config))
+        proc, _ = run(fleet, DEPLOY, tmp_path, "bad", dict(ADAPTIVE, sglang_service_speculative_adaptive_config=config))
         assert proc.returncode != 0 and named in proc.stdout, output(proc)
         after = lab.exec(host, "ls -l --time-style=+%s /etc/systemd/system/sglang.service.d /etc/llmops; "
                                "systemctl show -p MainPID --value sglang").stdout  # fmt: skip
