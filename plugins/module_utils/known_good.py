@@ -72,6 +72,8 @@ OBJECTS_DIR = "objects"
 SCAN_CACHE = "sources-scan.json"
 STAGING_PREFIX = ".new."
 DROPINS = "dropins/"
+# Named files a snapshot may lack: restoring one that lacks it removes the file the other snapshot named.
+OPTIONAL_FILES = ("adaptive_config",)
 SOURCES_FORMAT = 1
 # Snapshot entries whose content is compared to tell a new known-good state from the current one.
 IDENTITY_KEYS = ("files", "patch_state_id", "node_group_restart")
@@ -413,6 +415,17 @@ class KnownGoodStore:
                     shutil.rmtree(os.path.join(self.root, name), ignore_errors=True)
         return removed
 
+    def _optional_files_gone(self, which: str, manifest: dict) -> list:
+        """Files that the other snapshot names and ``which`` does not (an adaptive config added since): a restore of
+        ``which`` removes them."""
+        named = {entry["path"] for key, entry in manifest["files"].items() if not key.startswith(DROPINS)}
+        other = self.read("previous" if which == "current" else "current") or {}
+        return [
+            entry["path"]
+            for key, entry in sorted((other.get("files") or {}).items())
+            if key in OPTIONAL_FILES and entry.get("path") not in named and os.path.isfile(entry.get("path") or "")
+        ]
+
     def restore(self, which: str, dropin_dir: str, check_mode: bool = False) -> dict:
         """Put the files of snapshot ``which`` back; remove drop-ins the snapshot does not have.
 
@@ -426,7 +439,7 @@ class KnownGoodStore:
                 f"the {which} known-good snapshot of {manifest.get('saved_at')} under {self.root} cannot be "
                 f"restored: {'; '.join(problems)}. Nothing was changed"
             )
-        restored, removed = [], []
+        restored = []
         for key, entry in sorted(manifest["files"].items()):
             path = entry["path"]
             if sha256_file(path) == entry["sha256"]:
@@ -437,13 +450,15 @@ class KnownGoodStore:
                 data = read_bytes(os.path.join(self.snapshot_dir(which), FILES_DIR, key))
                 atomic_write(path, data, mode=int(entry["mode"], 8))
         kept = {entry["path"] for key, entry in manifest["files"].items() if key.startswith(DROPINS)}
+        removed = self._optional_files_gone(which, manifest)
         if os.path.isdir(dropin_dir):
             for name in sorted(os.listdir(dropin_dir)):
                 path = os.path.join(dropin_dir, name)
                 if name.endswith(".conf") and path not in kept:
                     removed.append(path)
-                    if not check_mode:
-                        os.unlink(path)
+        if not check_mode:
+            for path in removed:
+                os.unlink(path)
         return {
             "changed": bool(restored or removed),
             "restored": restored,

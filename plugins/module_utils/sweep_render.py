@@ -13,6 +13,10 @@ from __future__ import annotations
 import csv
 import io
 
+from ansible_collections.llmops.inference.plugins.module_utils.sweep_adaptive import (
+    markdown_lines as deployable_markdown,
+)
+from ansible_collections.llmops.inference.plugins.module_utils.sweep_prove import markdown_lines as proof_markdown
 from ansible_collections.llmops.inference.plugins.module_utils.sweep_records import MEASURED, RUN_METRICS
 
 RULES = {
@@ -169,6 +173,11 @@ def markdown(rows: list, report: dict, definition: dict, run_timing: dict) -> st
         "",
         f"Here: the {choice['rule']} choice, {_name(choice['point'])}"
         + ("." if choice["point"] else f" ({choice['reason']}): the original configuration."),
+    ]
+    if report.get("deployable"):
+        lines += deployable_markdown(report["deployable"])
+        lines += proof_markdown(report.get("proof"))
+    lines += [
         "",
         "## Pareto frontier",
         "",

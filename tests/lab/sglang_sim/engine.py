@@ -5,6 +5,10 @@ Timing: a request waits for a running slot (--max-running-requests), pays its pr
 after another; a step takes --sim-token-latency-ms times the cost at the current batch size (specmodel), so
 every request slows down while others run and speeds up when they finish. Requests sleep on one condition
 variable that wakes them when the batch changes.
+
+With --speculative-adaptive the steps come from the slot the running batch routes to (adaptive.py): every verify
+step feeds that slot the batch's mean accepted drafts, a slot's switch wakes every request, and a request's pace is
+the step cost over the accept length of the steps in force.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import math
+import random
 import threading
 import time
 import uuid
@@ -19,6 +24,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Callable
 
+from . import adaptive as adaptive_mod
 from . import faults, specmodel, textgen
 from .metrics import FinishedRequest, Stats
 from .spec_args import SpecConfig
@@ -28,6 +34,9 @@ DEFAULT_TEMPERATURE = 1.0
 PREFIX_CACHE_ENTRIES = 4096
 # TokenizerManager polls a waiting client every SGLANG_REQUEST_STATE_WAIT_TIMEOUT (4 s) for a disconnect.
 CLIENT_POLL_S = 4.0
+# How often a decoding request looks at the adaptive slots between batch changes (the scheduler switches steps
+# between verify steps; the sim applies a switch to the requests' pace at this granularity).
+ADAPTIVE_TICK_S = 0.05
 
 
 class ClientGone(Exception):
@@ -72,6 +81,7 @@ class EngineConfig:
     spec_params: specmodel.SpecParams | None
     faults: dict
     decode_log_interval: int = 40
+    adaptive: adaptive_mod.AdaptiveParams | None = None
 
 
 @dataclass(frozen=True)
@@ -161,6 +171,8 @@ class Engine:
             self.mean_accept_length = specmodel.accept_length(
                 spec.num_steps, spec.eagle_topk, spec.num_draft_tokens, config.spec_params
             )
+        self._adaptive_rng = random.Random(f"{config.seed}:adaptive")
+        self._adaptive_carry = 0.0  # seconds into the verify step under way
         if faults.NEVER_LOAD in config.faults:
             self.mode = STUCK
             self._frozen = (0, 0, 0.0)
@@ -186,15 +198,47 @@ class Engine:
         elapsed, self._decode_ct_at = now - self._decode_ct_at, now
         if self._decoding <= 0 or self.mode == STUCK:  # a stalled loop keeps stepping without progress
             return
-        step_s = self.config.token_latency_s * self._step_cost(self._running)
         before = int(self._decode_ct)
-        steps = elapsed / step_s if step_s > 0 else 1.0
-        self._decode_ct = self._decode_ct + steps
-        if self.mode == NORMAL:  # a stalled batch steps without generating
-            self._realtime["decode"] += steps * self._decoding * (self.mean_accept_length or 1.0)
+        if self.config.adaptive is not None and self.mode == NORMAL:
+            self._decode_ct = self._adaptive_steps(elapsed)
+        else:
+            step_s = self.config.token_latency_s * self._step_cost(self._running)
+            steps = elapsed / step_s if step_s > 0 else 1.0
+            self._decode_ct = self._decode_ct + steps
+            if self.mode == NORMAL:  # a stalled batch steps without generating
+                self._realtime["decode"] += steps * self._decoding * (self.mean_accept_length or 1.0)
         interval = max(1, self.config.decode_log_interval)
         if int(self._decode_ct) // interval > before // interval:
             self._published = (self._decoding, len(self._waiting))
+
+    def _adaptive_steps(self, elapsed: float) -> float:
+        """Run the verify steps that fit in `elapsed` (lock held), each at the steps its batch routes to, feeding the
+        slot the batch's mean accepted drafts (on_verify_complete); returns forward_ct_decode."""
+        adaptive = self.config.adaptive
+        running = max(self._running, 1)
+        carry = self._adaptive_carry + elapsed
+        whole = int(self._decode_ct)
+        while True:
+            steps = adaptive.steps_for_batch(running)
+            step_s = self.config.token_latency_s * self._cost_at(steps, running)
+            if step_s <= 0 or carry < step_s:
+                break
+            carry -= step_s
+            whole += 1
+            accept = self._accept_at(steps)
+            self._realtime["decode"] += self._decoding * accept
+            spread = self.config.noise * accept / math.sqrt(max(self._decoding, 1))
+            correct = max(0.0, accept - 1.0 + spread * self._adaptive_rng.gauss(0.0, 1.0)) if steps > 0 else 0.0
+            if adaptive.on_verify_complete(correct, running) is not None:
+                self._cond.notify_all()  # every request's pace changes with the steps
+        self._adaptive_carry = carry
+        return whole + (carry / step_s if step_s > 0 else 0.0)
+
+    def _cost_at(self, steps: int, running: int) -> float:
+        return specmodel.step_cost(steps, 1, steps + 1, self.config.spec_params, running, self.config.batch_slowdown)
+
+    def _accept_at(self, steps: int) -> float:
+        return specmodel.accept_length(steps, 1, steps + 1, self.config.spec_params)
 
     def realtime_tokens(self) -> dict:
         """sglang:realtime_tokens_total by mode, as the scheduler counts them (metrics_reporter.py: every prefill
@@ -280,6 +324,8 @@ class Engine:
 
     def _step_cost(self, running: int) -> float:
         spec = self.config.spec
+        if self.config.adaptive is not None:
+            return self._cost_at(self.config.adaptive.steps_for_batch(max(running, 1)), running)
         if self.mean_accept_length is None:
             return specmodel.plain_step_cost(running, self.config.batch_slowdown)
         return specmodel.step_cost(
@@ -291,13 +337,41 @@ class Engine:
             self.config.batch_slowdown,
         )
 
+    def _pace(self, running: int) -> float:
+        """Seconds per unit of a request's plan: a decode step, or with adaptive steps one token (the step over the
+        accept length of the steps in force)."""
+        if self.config.adaptive is None:
+            return self.config.token_latency_s * self._step_cost(running)
+        steps = self.config.adaptive.steps_for_batch(max(running, 1))
+        return self.config.token_latency_s * self._cost_at(steps, running) / self._accept_at(steps)
+
     def _plan(self, request: Request, tokens: int) -> tuple[list[int], dict]:
         """Tokens emitted per decode step, and the speculative meta_info."""
-        if self.mean_accept_length is None or tokens == 0:
+        # With adaptive steps the steps change under the request: one token per unit, spec_meta at its end.
+        if self.config.adaptive is not None or self.mean_accept_length is None or tokens == 0:
             return [1] * tokens, {}
-        draft_tokens = self.config.spec.num_draft_tokens
+        spec_meta = self._spec_meta(request, tokens, self.mean_accept_length, self.config.spec.num_draft_tokens)
+        return _split(tokens, spec_meta["spec_verify_ct"]), spec_meta
+
+    def _adaptive_meta(self, request: Request, tokens: int) -> dict:
+        """The request's meta_info under adaptive steps: the accept length of the steps its batch runs at now."""
+        if self.config.adaptive is None or tokens == 0:
+            return {}
+        with self._cond:
+            steps = self.config.adaptive.steps_for_batch(max(self._running, 1))
+        if steps == 0:
+            return {
+                "spec_accept_rate": 0.0,
+                "spec_accept_length": 1.0,
+                "spec_num_correct_drafts": 0,
+                "spec_num_proposed_drafts": 0,
+                "spec_verify_ct": tokens,
+            }
+        return self._spec_meta(request, tokens, self._accept_at(steps), steps + 1)
+
+    def _spec_meta(self, request: Request, tokens: int, mean_accept: float, draft_tokens: int) -> dict:
         accept = specmodel.noisy_accept_length(
-            self.mean_accept_length, draft_tokens, self.config.noise, self.config.seed, request.rid
+            mean_accept, draft_tokens, self.config.noise, self.config.seed, request.rid
         )
         verify_ct = specmodel.verify_count(tokens, accept, draft_tokens)
         proposed = verify_ct * (draft_tokens - 1)
@@ -309,7 +383,7 @@ class Engine:
             "spec_num_proposed_drafts": proposed,
             "spec_verify_ct": verify_ct,
         }
-        return _split(tokens, verify_ct), spec_meta
+        return spec_meta
 
     def _meta(self, request: Request, finish_reason, completion_tokens: int, cached: int) -> dict:
         return {
@@ -476,7 +550,6 @@ class Engine:
         ends = list(itertools.accumulate(per_step))
         started = time.monotonic()
         prefill_end = started + (request.prompt_tokens - cached) * self.config.prefill_s_per_token
-        latency = self.config.token_latency_s
         last_chunk_at = 0
         first_token_at = None
         done = 0.0  # decode steps completed (fractional while one is under way)
@@ -502,9 +575,13 @@ class Engine:
                         break
                     if self.mode != NORMAL:  # the scheduler stopped making progress under this request too
                         self._never(client_gone, kept=self.mode == STUCK)
-                    step_s = latency * self._step_cost(self._running)
+                    step_s = self._pace(self._running)
                     due = clock + (target - done) * step_s
-                    self._wait(due)
+                    if self.config.adaptive is not None:  # a slot's switch changes the pace: look again soon
+                        self._wait(min(due, time.monotonic() + ADAPTIVE_TICK_S))
+                        self._count_decode_steps()
+                    else:
+                        self._wait(due)
                     now = time.monotonic()
                     if now >= due or step_s <= 0:
                         done, clock = float(target), due
@@ -541,6 +618,7 @@ class Engine:
             cached=cached,
         )
         final["meta_info"]["e2e_latency"] = finished_at - arrived
+        spec_meta = spec_meta or self._adaptive_meta(request, ends[-1] if ends else 0)
         final["meta_info"].update(spec_meta)
         self.stats.finished(
             FinishedRequest(

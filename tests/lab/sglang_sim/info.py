@@ -80,6 +80,8 @@ def server_args(ns, spec, model: ModelConfig) -> dict:
         "speculative_num_steps": spec.num_steps,
         "speculative_eagle_topk": spec.eagle_topk,
         "speculative_num_draft_tokens": spec.num_draft_tokens,
+        "speculative_adaptive": spec.adaptive,
+        "speculative_adaptive_config": spec.adaptive_config,
         "speculative_accept_threshold_single": 1.0,
         "speculative_accept_threshold_acc": 1.0,
         "speculative_attention_mode": "prefill",

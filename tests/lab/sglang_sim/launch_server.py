@@ -21,7 +21,20 @@ import time
 import warnings
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from . import allreduce, args, configfile, faults, info, lifecycle, logs, rendezvous, sources, spec_args, specmodel
+from . import (
+    adaptive,
+    allreduce,
+    args,
+    configfile,
+    faults,
+    info,
+    lifecycle,
+    logs,
+    rendezvous,
+    sources,
+    spec_args,
+    specmodel,
+)
 from .engine import Engine, EngineConfig
 from .http_api import make_server
 from .scheduler import RankPlan, rank_names, run_detokenizer, run_scheduler
@@ -86,6 +99,14 @@ def _resolve_spec(ns, installed: sources.InstalledSglang, model: info.ModelConfi
         members=members,
         aliases=aliases,
         model_arch=architecture,
+        adaptive=spec_args.AdaptiveFlags(
+            enabled=ns.speculative_adaptive,
+            config=ns.speculative_adaptive_config,
+            attn_dp_size=ns.attn_dp_size,
+            enable_multi_layer_eagle=ns.enable_multi_layer_eagle,
+            enable_two_batch_overlap=ns.enable_two_batch_overlap,
+            enable_pdmux=ns.enable_pdmux,
+        ),
     )
 
 
@@ -116,19 +137,29 @@ def _engine(ns, spec: spec_args.SpecConfig, model: info.ModelConfig, max_running
             incremental_streaming=ns.incremental_streaming_output,
             spec=spec,
             spec_params=params,
+            adaptive=_adaptive_params(spec, max_running),
             faults=ns.faults,
             decode_log_interval=ns.decode_log_interval,
         )
     )
 
 
+def _adaptive_params(spec: spec_args.SpecConfig, max_running: int) -> adaptive.AdaptiveParams | None:
+    """The worker's AdaptiveSpeculativeParams, routed through the CUDA-graph batch sizes up to max running."""
+    if not spec.adaptive:
+        return None
+    return adaptive.AdaptiveParams(spec.num_steps, spec.adaptive_config, adaptive.decode_cuda_graph_bs(max_running))
+
+
 def _plans(ns, spec: spec_args.SpecConfig, model: info.ModelConfig, installed) -> list[RankPlan]:
     draft_mib = 0
     if spec.enabled:
+        # Adaptive builds a runtime state (buffers, CUDA graphs) for every candidate: the deepest one sizes them.
+        deepest = max(spec.candidate_steps) if spec.adaptive else None
         draft_mib = specmodel.draft_memory_mib(
-            spec.num_steps,
+            spec.num_steps if deepest is None else deepest,
             spec.eagle_topk,
-            spec.num_draft_tokens,
+            spec.num_draft_tokens if deepest is None else deepest + 1,
             ns.sim_draft_base_mib,
             ns.sim_mem_overhead_mib_per_draft_token,
         )
