@@ -161,6 +161,9 @@ class ReferenceEngine:
         self.options = options
         self._factory = lambda: new_client(url, api_key, validate_certs, options["timeout"])
 
+    def client(self):
+        return self._factory()
+
     def record(self, speculative: bool) -> dict:
         client = self._factory()
         options = self.options
