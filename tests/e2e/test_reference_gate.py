@@ -1,0 +1,140 @@
+"""The reference gate on lab hosts (real systemd, the real sglang 0.5.23 sources): a change whose engine is slower or
+whose greedy output drifts fails the gate and is restored as any failed gate is; a benign change and ten no-op restarts
+pass; an accepted change records the reference anew.
+
+The simulated engine decodes at 10 ms a token here, so that the fingerprint's figures stand well above the lab's
+timing noise; the reference's outputs are 32 tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from labutil import SERVICE_LAB_VARS, run_play, sh
+from test_sglang_patch import (
+    FILES,
+    PATCH_AND_SERVICE,
+    SAMPLER,
+    assert_pristine,
+    failed_with,
+    restore_pristine,
+    run_role,
+    succeeded,
+    verify,
+)
+
+pytestmark = pytest.mark.lab
+
+NAME = SERVICE_LAB_VARS["sglang_service_name"]
+REFERENCE_PATH = f"/var/lib/llmops/known-good/{NAME}/reference.json"
+REFERENCE = {"max_new_tokens": 32, "perf_max_new_tokens": 32}
+LAB = {
+    "sglang_service_extra_args": [*SERVICE_LAB_VARS["sglang_service_extra_args"], "--sim-token-latency-ms", "10"],
+    "sglang_service_reference": REFERENCE,
+}
+SPEED_FAILURE = re.compile(
+    r"tok_s_c1 failed: tok_s_c1: median [\d.]+ now \(spread [\d.]+-[\d.]+\), [\d.]+ recorded "
+    r"\(spread [\d.]+-[\d.]+\), ratio 0\.[78]\d*; must be at least"
+)
+
+
+def both_roles(lab, host, tmp_path, extra: dict):
+    return run_role(lab, host, tmp_path, {**SERVICE_LAB_VARS, **LAB, **extra}, playbook=PATCH_AND_SERVICE)
+
+
+def patch_set(name: str) -> dict:
+    return {"sglang_patch_set_name": name, "sglang_patch_files": [str(FILES / f"{name}-sampler.diff")]}
+
+
+def first_known_good(lab, host, tmp_path) -> str:
+    """The service on pristine sources; its first passing gate records the reference. Returns its text."""
+    proc, facts = both_roles(lab, host, tmp_path, {"sglang_patch_state": "verified"})
+    gate = succeeded(proc, host, facts)["gate"]
+    assert gate["healthy"] is True and gate["reference"]["status"] == "recorded", gate.get("reference")
+    text = sh(lab, host, f"cat {REFERENCE_PATH}")
+    recorded = json.loads(text)
+    assert len(recorded["golden"]) == 3 and len(recorded["golden"][0]["output_ids"]) == 32
+    assert {"tok_s_c1", "tok_s_c4", "ttft_ms", "itl_ms"} <= recorded["fingerprint"].keys()
+    return text
+
+
+def no_op_restart(lab, host, tmp_path, label: str, **reference) -> dict:
+    extra = {**LAB, "sglang_service_reference": {**REFERENCE, **reference}}
+    run = run_play(lab, tmp_path, host, "service_restart", extra, label=label)
+    assert run.ok, run.output[-4000:]
+    return run.gate()
+
+
+@pytest.mark.parametrize(
+    "fault, check",
+    [
+        ("slowdown", SPEED_FAILURE),
+        (
+            "drift",
+            re.compile(
+                r"logprobs failed: golden token 8 \(id \d+\) of prompt 0: logprob -[\d.]+ now, -[\d.]+ "
+                r"recorded, a gap of [\d.]+ \(tolerance 0\.1\)"
+            ),
+        ),
+    ],
+)
+def test_a_slower_or_drifting_patch_fails_the_reference_gate_and_is_restored(clean_lab, tmp_path, fault, check):
+    lab, host = clean_lab, clean_lab.hosts[0]
+    try:
+        recorded = first_known_good(lab, host, tmp_path)
+        proc, _facts = both_roles(lab, host, tmp_path, patch_set(fault))
+        failed_with(proc, host, f"{NAME}.service failed its gate: reference tier: reference check failed against the "
+                    "reference recorded")  # fmt: skip
+        assert check.search(proc.stdout), proc.stdout[-4000:]
+        assert verify(lab, host)["verify"]["modified"] == [SAMPLER]
+        assert sh(lab, host, f"cat {REFERENCE_PATH}") == recorded
+
+        # Back to the known-good's sources, as after any failed gate: the restart serves, its inputs are the
+        # known-good's (a routine restart), and the reference is the same.
+        proc, facts = both_roles(lab, host, tmp_path, {"sglang_patch_state": "restored",
+                                                       "sglang_patch_restore_state_id": "pristine"})  # fmt: skip
+        gate = succeeded(proc, host, facts)["gate"]
+        assert gate["healthy"] is True and gate["reference"]["status"] == "skipped", gate["reference"]
+        assert_pristine(lab, host)
+        assert sh(lab, host, f"cat {REFERENCE_PATH}") == recorded
+        assert no_op_restart(lab, host, tmp_path, "after", mode="always")["reference"]["status"] == "passed"
+    finally:
+        restore_pristine(lab, host)
+
+
+def test_a_benign_patch_passes_and_ten_no_op_restarts_raise_no_false_alarm(clean_lab, tmp_path):
+    lab, host = clean_lab, clean_lab.hosts[0]
+    try:
+        recorded = first_known_good(lab, host, tmp_path)
+        proc, facts = both_roles(lab, host, tmp_path, patch_set("benign"))
+        gate = succeeded(proc, host, facts)["gate"]
+        assert gate["healthy"] is True and gate["reference"]["status"] == "passed", gate["reference"]
+        assert gate["reference"]["failed_checks"] == []
+        for number in range(10):
+            gate = no_op_restart(lab, host, tmp_path, f"noop{number}", mode="always")
+            assert gate["healthy"] is True and gate["reference"]["status"] == "passed", (number, gate["reference"])
+        routine = no_op_restart(lab, host, tmp_path, "routine")
+        assert routine["reference"]["status"] == "skipped"
+        assert sh(lab, host, f"cat {REFERENCE_PATH}") == recorded
+    finally:
+        restore_pristine(lab, host)
+
+
+def test_accepting_an_intended_change_records_the_reference_anew(clean_lab, tmp_path):
+    lab, host = clean_lab, clean_lab.hosts[0]
+    try:
+        recorded = first_known_good(lab, host, tmp_path)
+        proc, facts = both_roles(lab, host, tmp_path, {**patch_set("drift"), "sglang_service_reference_accept": True})
+        gate = succeeded(proc, host, facts)["gate"]
+        assert gate["healthy"] is True and gate["reference"]["status"] == "accepted", gate["reference"]
+        assert "accepted as an intended change (reference.accept)" in gate["reference"]["reason"]
+        assert "it replaces the one recorded" in gate["reference"]["reason"]
+        accepted = json.loads(sh(lab, host, f"cat {REFERENCE_PATH}"))
+        assert accepted["why"] == "accepted as an intended change (reference.accept)"
+        assert accepted["golden"] != json.loads(recorded)["golden"]
+        gate = no_op_restart(lab, host, tmp_path, "after-accept", mode="always")
+        assert gate["healthy"] is True and gate["reference"]["status"] == "passed", gate["reference"]
+    finally:
+        restore_pristine(lab, host)
