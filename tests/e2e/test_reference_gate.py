@@ -79,6 +79,7 @@ def no_op_restart(lab, host, tmp_path, label: str, **reference) -> dict:
             ),
         ),
     ],
+    ids=["slowdown", "drift"],
 )
 def test_a_slower_or_drifting_patch_fails_the_reference_gate_and_is_restored(clean_lab, tmp_path, fault, check):
     lab, host = clean_lab, clean_lab.hosts[0]
