@@ -12,7 +12,18 @@ import json
 import re
 
 import pytest
-from labutil import SERVICE_LAB_VARS, run_play, sh
+from labutil import (
+    DEPLOY,
+    FLEET_UNIT,
+    SERVICE_LAB_VARS,
+    fleet_of,
+    outcomes,
+    output,
+    run_play,
+    run_playbook,
+    serves,
+    sh,
+)
 from test_sglang_patch import (
     FILES,
     PATCH_AND_SERVICE,
@@ -29,6 +40,8 @@ pytestmark = pytest.mark.lab
 
 NAME = SERVICE_LAB_VARS["sglang_service_name"]
 REFERENCE_PATH = f"/var/lib/llmops/known-good/{NAME}/reference.json"
+# The fleet's unit (tests/lab/inventory: sglang_service_name sglang).
+FLEET_REFERENCE = "/var/lib/llmops/known-good/sglang/reference.json"
 REFERENCE = {"max_new_tokens": 32, "perf_max_new_tokens": 32}
 LAB = {
     "sglang_service_extra_args": [*SERVICE_LAB_VARS["sglang_service_extra_args"], "--sim-token-latency-ms", "10"],
@@ -139,3 +152,37 @@ def test_accepting_an_intended_change_records_the_reference_anew(clean_lab, tmp_
         assert gate["healthy"] is True and gate["reference"]["status"] == "passed", gate["reference"]
     finally:
         restore_pristine(lab, host)
+
+
+def test_a_deploy_that_makes_one_host_slower_rolls_it_back_and_stops_with_the_check_named(lab, tmp_path):
+    """Three hosts deployed with the engine at 10 ms a token (each records its reference); then one deploy gives one
+    host an engine argument that makes it 25 % slower: its reference gate fails, deploy.yml rolls it back, and the
+    deploy stops as after any failed gate, the fleet report naming the check."""
+    assert len(lab.hosts) >= 3, "set LLMOPS_LAB_HOSTS=3"
+    lab.reset_used()
+    fleet = fleet_of(lab, 3)
+    slow = fleet.hosts[0]
+    environment = {"SGLANG_SIM_LOAD_TIME": "1", "SGLANG_SIM_DRAIN_TIME": "2", "SGLANG_SIM_TOKEN_LATENCY_MS": "10"}
+    base = {"deploy_batch": "100%", "sglang_service_environment": environment, "sglang_service_reference": REFERENCE}
+    try:
+        proc, records = run_playbook(fleet, DEPLOY, tmp_path, "first", base)
+        assert proc.returncode == 0, output(proc)
+        assert outcomes(records) == dict.fromkeys(fleet.hosts, "deployed")
+        references = {host: sh(lab, host, f"cat {FLEET_REFERENCE}") for host in fleet.hosts}
+        per_host = tmp_path / "inventory.yml"
+        per_host.write_text(
+            json.dumps({"lab": {"hosts": {slow: {"sglang_service_extra_args": ["--sim-fault", "slowdown=1.25"]}}}})
+        )
+        proc, records = run_playbook(fleet, DEPLOY, tmp_path, "slow", base, inventories=(per_host,))
+        assert proc.returncode != 0, output(proc)
+        assert outcomes(records)[slow] == "rolled back", output(proc)
+        assert set(outcomes(records).values()) <= {"rolled back", "unchanged"}, outcomes(records)
+        assert "failed its gate: reference tier: reference check failed" in records[slow]["detail"], records[slow]
+        assert SPEED_FAILURE.search(records[slow]["detail"]) or "tok_s_c1 failed" in records[slow]["detail"]
+        assert f"{slow}: ROLLED BACK" in proc.stdout
+        assert records[slow]["rollback"]["gate"]["healthy"], records[slow]["rollback"]
+        assert serves(fleet, slow)["healthy"]
+        assert "slowdown" not in sh(lab, slow, f"systemctl cat {FLEET_UNIT}")
+        assert {host: sh(lab, host, f"cat {FLEET_REFERENCE}") for host in fleet.hosts} == references
+    finally:
+        lab.reset()
