@@ -8,6 +8,7 @@ timing noise; the reference's outputs are 32 tokens.
 
 from __future__ import annotations
 
+import csv
 import json
 import re
 
@@ -35,6 +36,9 @@ from test_sglang_patch import (
     succeeded,
     verify,
 )
+from test_spec_sweep import DEPLOY as SWEEP_DEPLOY
+from test_spec_sweep import ROLE_VARS as SWEEP_ROLE_VARS
+from test_spec_sweep import run_sweep
 
 pytestmark = pytest.mark.lab
 
@@ -186,3 +190,46 @@ def test_a_deploy_that_makes_one_host_slower_rolls_it_back_and_stops_with_the_ch
         assert {host: sh(lab, host, f"cat {FLEET_REFERENCE}") for host in fleet.hosts} == references
     finally:
         lab.reset()
+
+
+SWEEP_VARS = {
+    **{key: value for key, value in SWEEP_ROLE_VARS.items() if not key.startswith("sglang_service_speculative")},
+    "sglang_service_name": "sglang-lossless",
+    # The base runs no speculation (its outputs are the golden ones); at 3 steps the draft is not lossless.
+    "sglang_service_speculative_algorithm": "",
+    "sglang_service_speculative_num_steps": None,
+    "sglang_service_speculative_eagle_topk": None,
+    "sglang_service_extra_args": [
+        "--sim-load-time", "1", "--sim-warmup-time", "0.2", "--sim-token-latency-ms", "20",
+        "--sim-fault", "lossy-steps=3",
+    ],
+}  # fmt: skip
+
+
+def test_a_sweep_point_that_is_not_lossless_is_marked_everywhere_and_never_chosen(clean_lab, tmp_path):
+    lab, host = clean_lab, clean_lab.hosts[0]
+    playbook = tmp_path / "deploy.yml"
+    playbook.write_text(SWEEP_DEPLOY.replace("hosts: lab", f"hosts: {host}"))
+    proc = lab.playbook(playbook, SWEEP_VARS, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    results_dir = tmp_path / "sweep"
+    extra = {**SWEEP_VARS, "sweep_algorithm": "EAGLE", "sweep_concurrency": [1, 8], "sweep_slo": {"p99_tpot_ms": 500.0}}
+    results = run_sweep(lab, results_dir, host, [1, 2, 3, 4], **extra)
+    lossless = {(r["point"]["steps"], r["concurrency"]): r["load"]["lossless"] for r in results["records"]}
+    assert {key: value["lossless"] for key, value in lossless.items()} == {
+        (steps, level): steps != 3 for steps in (1, 2, 3, 4) for level in (1, 8)
+    }, lossless
+    assert "golden token 8" in lossless[(3, 1)]["detail"]
+    assert all(row["lossless"] is (row["steps"] != 3) for row in results["summary"])
+    report = results  # results.json holds the choices at its top level
+    chosen = [entry["best"]["steps"] for entry in report["best_per_level"] if entry["best"]]
+    assert chosen and 3 not in chosen, report["best_per_level"]
+    assert report["robust_choice"]["point"]["steps"] != 3 and report["sla_choice"]["point"]["steps"] != 3
+    markdown = (results_dir / "results.md").read_text()
+    assert "- steps 3, top-k 1, draft tokens 4: not lossless: golden token 8" in markdown
+    assert "**not lossless**" in markdown
+    with (results_dir / "results.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert {row["lossless"] for row in rows if row["steps"] == "3"} == {"false"}
+    assert {row["lossless"] for row in rows if row["steps"] != "3"} == {"true"}
+    assert (results_dir / "results.png").stat().st_size > 0

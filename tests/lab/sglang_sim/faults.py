@@ -14,6 +14,7 @@ SLOW_DRAIN = "slow-drain"
 ORPHAN_SCHEDULERS = "orphan-schedulers"
 OUTPUT_DRIFT = "output-drift"
 SLOWDOWN = "slowdown"
+LOSSY_STEPS = "lossy-steps"
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,11 @@ FAULTS = {
         "every logprob from there shifted",
         takes_value=True,
         default=8,
+    ),
+    LOSSY_STEPS: FaultSpec(
+        "=S: speculative decoding with --speculative-num-steps S is not lossless (output-drift from token 8 then)",
+        True,
+        True,
     ),
     SLOWDOWN: FaultSpec("=F: every decode step takes F times as long (F a number above 0)", True, True, number=float),
 }

@@ -134,3 +134,18 @@ def test_drift_and_slowdown_faults_show_over_http(start):
     drifted = _generate(drift, **body)[1]
     assert drifted["output_ids"][:5] == reference["output_ids"][:5]
     assert drifted["output_ids"][5] != reference["output_ids"][5]
+
+
+def test_lossy_steps_drifts_only_at_that_step_count(start):
+    body = {"text": PROMPT, "sampling_params": {"temperature": 0, "max_new_tokens": 12}}
+    spec = ["--speculative-algorithm", "EAGLE", "--speculative-eagle-topk", "1"]
+    common = ["--api-key", API_KEY, "--sim-token-latency-ms", "1", "--sim-fault", "lossy-steps=3", *FAST]
+    plain = start(*common)
+    reference = _generate(plain, **body)[1]["output_ids"]
+    plain.kill()
+    lossless = start(*common, *spec, "--speculative-num-steps", "2", "--speculative-num-draft-tokens", "3")
+    assert _generate(lossless, **body)[1]["output_ids"] == reference
+    lossless.kill()
+    lossy = start(*common, *spec, "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4")
+    drifted = _generate(lossy, **body)[1]["output_ids"]
+    assert drifted[:8] == reference[:8] and drifted[8] != reference[8]
