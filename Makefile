@@ -124,7 +124,7 @@ demo-down: venv ## Remove the demo lab
 	$(LAB) down --name $(DEMO_LAB)
 
 # What `make bench` measures; a part of them with LLMOPS_BENCH_RUN=<run> adds to that run (at the same commit).
-BENCH_TESTS ?= tests/e2e/test_bench.py tests/e2e/test_bench_sweep.py tests/e2e/test_bench_fleet.py
+BENCH_TESTS ?= tests/e2e/test_bench.py tests/e2e/test_bench_sweep.py tests/e2e/test_bench_fleet.py tests/e2e/test_bench_reference.py
 bench: deps venv collection-link ## Benchmarks on a 12-host lab (5 runs, about 3 h): raw data to docs/performance/, then docs/performance.md
 	@run=$${LLMOPS_BENCH_RUN:-$$(date -u +%Y%m%dT%H%M%SZ)}; status=0; \
 	LLMOPS_BENCH_RUN=$$run LLMOPS_LAB_NAME=$(BENCH_LAB) LLMOPS_LAB_HOSTS=12 \

@@ -12,6 +12,7 @@ Layout under a store's root (one root per unit, every level mode 0700, every fil
     previous/...             the snapshot ``current`` replaced
     objects/<sha256>         SGLang source file contents the snapshots need, named by their sha256
     sources-scan.json        (size, mtime, ctime, inode) -> sha256 of the installed sglang files: a cache
+    reference.json           how the known-good build behaved: golden outputs and a performance fingerprint
 
 A snapshot saved with ``sources`` records, in its manifest's ``sources``, every installed sglang file that
 differs from the wheel's RECORD: its sha256 now (None: the file is missing) and the sha256 RECORD gives it
@@ -30,6 +31,11 @@ sources gains them). A multi-node engine's members save with the id of their gro
 (``node_group_restart``), a new one each time, so every save of the group rotates on every member: ``current``
 and ``previous`` then name the same two group restarts on all of them, and a rollback returns every rank to the
 same one, also a rank whose own files did not change in between.
+
+The reference (``reference.json``) is recorded by the reference gate (restart/reference_gate.py) with a known-good
+save when there is none, and again only when an intended change is accepted; a rollback leaves it as it is, so
+every later change is held to the same behaviour. It names the engine inputs it was recorded with
+(:func:`inputs_of`: the unit's files and the SGLang sources).
 
 ``restore`` puts a snapshot's files back (drop-ins that the snapshot does not have are removed) after checking
 every copy and object it holds against its checksum.
@@ -70,6 +76,7 @@ MANIFEST = "manifest.json"
 FILES_DIR = "files"
 OBJECTS_DIR = "objects"
 SCAN_CACHE = "sources-scan.json"
+REFERENCE = "reference.json"
 STAGING_PREFIX = ".new."
 DROPINS = "dropins/"
 # Named files a snapshot may lack: restoring one that lacks it removes the file the other snapshot named.
@@ -113,6 +120,18 @@ def source_objects(sources: dict | None) -> set:
     for entry in ((sources or {}).get("files") or {}).values():
         named.update(sha for sha in (entry.get("sha256"), entry.get("pristine")) if sha)
     return named
+
+
+def inputs_of(manifest: dict | None) -> dict | None:
+    """The engine inputs a manifest (or a reference) records: each file's sha256, the sources' digest and version."""
+    if not manifest:
+        return None
+    sources = manifest.get("sources") or {}
+    return {
+        "files": {name: entry["sha256"] for name, entry in sorted((manifest.get("files") or {}).items())},
+        "sources": sources.get("digest"),
+        "sglang_version": sources.get("sglang_version"),
+    }
 
 
 def _dump(data: dict) -> bytes:
@@ -201,6 +220,35 @@ class KnownGoodStore:
                 state = "is missing" if read_bytes(self._object_path(sha)) is None else "does not match its checksum"
                 found.append(f"the stored content of {rel} ({self._object_path(sha)}) {state}")
         return found
+
+    # ----- the reference -----
+
+    def read_reference(self) -> dict | None:
+        path = os.path.join(self.root, REFERENCE)
+        data = read_bytes(path)
+        if data is None:
+            return None
+        try:
+            return json.loads(data)
+        except ValueError as exc:
+            raise SnapshotError(f"the reference {path} is unreadable: {exc}") from exc
+
+    def write_reference(self, reference: dict) -> str:
+        """Record ``reference`` (replacing the one there was); returns its path."""
+        _make_private_dir(self.root)
+        path = os.path.join(self.root, REFERENCE)
+        atomic_write(path, _dump(reference), mode=0o600)
+        return path
+
+    def live_inputs(self, files: dict, dropin_dir: str, python: str | None) -> dict:
+        """The engine inputs on the host now, in :func:`inputs_of`'s shape (sources None when not readable)."""
+        manifest = {"files": live_files(files, dropin_dir)}
+        if python:
+            try:
+                manifest["sources"] = self.record_sources(python, check_mode=True)[0]
+            except (InstallError, SnapshotError):
+                manifest["sources"] = None
+        return inputs_of(manifest)
 
     # ----- the sources -----
 

@@ -260,6 +260,7 @@ def _point_run(params: dict) -> LevelRun:
         params.get("gate"),
         apply_s=params.get("apply_s"),
         first_failure=params.get("first_failure"),
+        lossless=params.get("lossless"),
     )
     return LevelRun(
         _bare_point(params["point"]), 0, params["host"], params["run_id"], params["started_at"],

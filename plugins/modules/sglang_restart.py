@@ -312,6 +312,92 @@ options:
         takes no O(gateways).
     type: int
     default: 0
+  reference:
+    description:
+      - The reference gate, after the probe's tiers pass - see the runbook "a deploy was rolled back by the reference
+        gate". The known-good store under O(known_good.root) keeps a reference of how the known-good build behaved -
+        golden outputs (greedy token ids and their logprobs for O(reference.prompts)) and a performance fingerprint
+        (tok/s at each O(reference.concurrency), TTFT and ITL medians, the accept length when speculating; each the
+        median of O(reference.repeats) runs with its spread).
+      - A restart whose engine inputs (the unit's files, its environment file and drop-ins, the SGLang sources and
+        version) differ from the current known-good snapshot's is held to it - the golden continuation scored
+        teacher-forced (SGLang's C(/generate) with C(input_ids), C(return_logprob), C(logprob_start_len) and
+        C(max_new_tokens) 0, or 1 with speculation) and free-running, and the fingerprint measured again. A failure
+        is a failed gate on the C(reference) tier whose reason names each failed check, by how much, and the
+        reference; RV(reference) has every figure.
+      - A passing gate that saved a snapshot records a reference when there is none. Nothing else records one but
+        O(reference.accept).
+    type: dict
+    default: {}
+    version_added: 0.2.0
+    suboptions:
+      mode:
+        description:
+          - V(changed) checks restarts whose engine inputs changed; V(always) every restart; V(off) never (and
+            records none).
+        type: str
+        choices: [changed, always, "off"]
+        default: changed
+      accept:
+        description:
+          - Accept an intended change (a new model, a deliberate numerics change) - after a passing gate the
+            reference is measured and recorded anew, and RV(reference.status) says V(accepted); nothing is compared.
+        type: bool
+        default: false
+      record_missing:
+        description: Record a reference after a passing gate and snapshot when there is none yet.
+        type: bool
+        default: true
+      prompts:
+        description: The golden prompts, decoded greedily at batch size 1.
+        type: list
+        elements: str
+        default:
+          - Explain in three sentences why the sky is blue.
+          - Write a Python function that returns the n-th Fibonacci number iteratively, with a docstring.
+          - List the planets of the solar system in order from the sun, one per line.
+      max_new_tokens:
+        description: Tokens of each golden output (32 to 64 is enough to catch a drift without costing much).
+        type: int
+        default: 48
+      logprob_tolerance:
+        description:
+          - The largest gap, in nats, between a golden token's teacher-forced logprob now and the recorded one. Run to
+            run on one build at batch size 1 the gap is about 1e-3; a wrong numerics change moves whole nats. With
+            SGLang's C(--enable-deterministic-inference) it can be tightened towards 0.
+        type: float
+        default: 0.1
+      speed_tolerance:
+        description:
+          - How far a new median may fall below the reference's slowest repeat (throughput, accept length) or rise
+            above its slowest (latencies), as a fraction; V(0.1) is 10 %.
+        type: float
+        default: 0.1
+      latency_floor_ms:
+        description: Milliseconds a latency median may add beyond O(reference.speed_tolerance) (noise on any machine).
+        type: float
+        default: 5.0
+      concurrency:
+        description: The concurrency levels of the fingerprint; TTFT, ITL and the accept length are taken at the lowest.
+        type: list
+        elements: int
+        default: [1, 4]
+      requests_per_user:
+        description: Requests per concurrent user in each repeat of each level.
+        type: int
+        default: 2
+      repeats:
+        description: Repeats of each level; each figure is their median, with their spread.
+        type: int
+        default: 3
+      perf_max_new_tokens:
+        description: Tokens of each fingerprint request.
+        type: int
+        default: 64
+      timeout:
+        description: Seconds one reference request may take.
+        type: float
+        default: 120.0
 notes:
   - The role C(llmops.inference.sglang_service) templates a unit this chain restarts (with the C(ExecStop) drain and
     the readiness gate) and calls the chain from C(tasks_from=restart).
@@ -380,6 +466,20 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+reference:
+  description:
+    - The reference gate's result (O(reference)); null when O(reference.mode=off).
+    - C(status) is V(passed), V(failed), V(skipped) (a routine restart, a rank >= 1, no store), V(missing) (none
+      recorded, nothing compared), V(recorded) (the first reference, after the snapshot), V(accepted)
+      (O(reference.accept) recorded it anew), or V(not_recorded). C(reason) says why; C(checks) lists each check
+      (C(check), C(passed), C(detail) and its figures - C(token) and C(gap) for C(logprobs), C(first_difference)
+      for C(greedy_tokens), C(ratio), C(median), C(spread), C(reference_median), C(reference_spread) for the speed
+      figures); C(failed_checks) names the failed ones; C(reference) says which reference (C(recorded_at),
+      C(snapshot_saved_at), C(why), C(settings)); C(fingerprint) the figures measured.
+  returned: always
+  type: dict
+  version_added: 0.2.0
+  sample: {"status": "failed", "failed_checks": ["tok_s_c1"], "reason": "against the reference recorded ..."}
 msg:
   description:
     - One line when the gate passed; after a failure the failing step or tier with its reason, the unit's state

@@ -317,6 +317,12 @@ options:
         (base64), or as JSON text - read when the benchmark's task did not return the levels itself (it timed out).
         The level under way then is recorded from the time the file says it started.
     type: str
+  lossless:
+    description:
+      - For O(action=record). The point's losslessness as M(llmops.inference.sglang_reference) scored it
+        (C(lossless) true, false or null, C(detail)). A point that is not lossless is shown as such in every report and
+        plot and never chosen as best, robust or SLA point.
+    type: dict
   first_failure:
     description:
       - For O(action=record). Why the point's first load failed, when it was loaded once more (the sweep's
@@ -621,7 +627,7 @@ ARGUMENT_SPEC = {
     "prove_rounds": {"type": "int", "default": 0},
     "adaptive_config_path": {"type": "str"},
     # What one action reads about a host or a point, each optional and with no default.
-    **_optional("dict", "unit_status", "point", "gate", "benchmark"),
+    **_optional("dict", "unit_status", "point", "gate", "benchmark", "lossless"),
     **_optional("str", "run_id", "host", "error", "not_run", "first_failure", "bench_progress"),
     **_optional("float", "role_wait_s", "load_timeout", "apply_s", "load_s"),
     **_optional("float", "point_started_at", "started_at", "finished_at"),

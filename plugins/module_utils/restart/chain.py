@@ -53,6 +53,10 @@ from ansible_collections.llmops.inference.plugins.module_utils.restart.options i
     ChainOptions,
 )
 from ansible_collections.llmops.inference.plugins.module_utils.restart.plan import check_mode_plan, stop_mode
+from ansible_collections.llmops.inference.plugins.module_utils.restart.reference_gate import (
+    REFERENCE_TIER,
+    ReferenceGate,
+)
 from ansible_collections.llmops.inference.plugins.module_utils.restart.result import (
     ChainFailure,
     ChainResult,
@@ -223,7 +227,9 @@ class RestartChain:
         self._conclude(gate, checked)
 
     def _conclude(self, gate: dict, checked) -> None:
-        """After the last gate: back into the gateways and a snapshot on a pass; the explanation after a failure."""
+        """After the last gate: the reference, back into the gateways and a snapshot on a pass; the explanation
+        after a failure."""
+        reference = self._reference_check(gate)
         self.result.take_gate(gate, checked.final_state)
         try:
             self._gateway_rejoin(gate)
@@ -232,8 +238,57 @@ class RestartChain:
             return
         if gate["healthy"]:
             self._snapshot()
+            self._reference_record(reference, gate)
         else:
             self._after_failed_gate(gate)
+
+    # -- the reference ------------------------------------------------------------------------------
+
+    def _reference_check(self, gate: dict) -> ReferenceGate | None:
+        """After the probe's tiers passed: hold the engine to its reference when this restart changed its inputs."""
+        if not gate["healthy"]:
+            return None
+        engine = self.host.reference_engine(self.options.reference)
+        reference = ReferenceGate(self.options, self.host, engine)
+        if self.options.reference["mode"] == "off":
+            self.result.reference = reference.result
+            return None
+        began = self.clock()
+        with self.steps.run("reference") as step:
+            case = reference.plan()
+            if case == "check":
+                verdict = reference.check(bool((gate.get("speculative") or {}).get("algorithm")))
+                tier = {"name": REFERENCE_TIER, "status": "ok" if verdict["healthy"] else "failed"}
+                if not verdict["healthy"]:
+                    gate.update(verdict)
+                    tier["reason"] = verdict["reason"]
+                tier["elapsed_s"] = round(self.clock() - began, 3)
+                gate["tiers"] = [*(gate.get("tiers") or []), tier]
+                step["status"] = tier["status"]
+            else:
+                step["status"] = "skipped" if case == "skipped" else "planned"
+            step["detail"] = reference.result["reason"]
+        self.result.reference = reference.result
+        return reference
+
+    def _reference_record(self, reference: ReferenceGate | None, gate: dict) -> None:
+        """After a passing gate and its snapshot: record the reference when there is none, or when accepted."""
+        if reference is None or reference.case not in ("missing", "accept") or self.result.failed_step:
+            return
+        if reference.case == "missing" and not self.options.reference["record_missing"]:
+            return
+        with self.steps.run("reference_record") as step:
+            try:
+                snapshot = self.host.store(self.options.known_good.root).read("current")
+            except (SnapshotError, OSError):
+                snapshot = None
+            speculative = bool((gate.get("speculative") or {}).get("algorithm"))
+            recorded = reference.record(speculative, snapshot, gate.get("model") or {})
+            step["detail"] = recorded["reason"]
+            if recorded["status"] == "not_recorded":
+                step["status"] = "failed"
+                self.warnings.append(recorded["reason"])
+        self.result.reference = reference.result
 
     def _attempt(self, state, attempt: int) -> tuple:
         """Stop, reap, start and gate once; ``(gate, the Gate that decided it)``."""

@@ -25,6 +25,11 @@ from ansible_collections.llmops.inference.plugins.module_utils.probe_settings im
     ProbeSettings,
     gate_probe_spec,
 )
+from ansible_collections.llmops.inference.plugins.module_utils.reference_settings import (
+    REFERENCE_SPEC,
+    ReferenceInputError,
+    parse_reference_options,
+)
 from ansible_collections.llmops.inference.plugins.module_utils.sglang import server_argument_spec, validate_url
 from ansible_collections.llmops.inference.plugins.module_utils.systemd import normalize_unit_name
 
@@ -90,6 +95,7 @@ ARGUMENT_SPEC = dict(
     fail_on_unhealthy=dict(type="bool", default=True),
     phase=dict(type="str", choices=list(PHASES), default=PHASE_ALL),
     node_rank=dict(type="int", default=0),
+    reference=dict(type="dict", default={}, options=REFERENCE_SPEC),
 )
 
 
@@ -149,6 +155,7 @@ class ChainOptions:
     secrets: tuple
     phase: str
     node_rank: int
+    reference: dict
 
 
 def parse_chain_options(params: dict) -> ChainOptions:
@@ -180,6 +187,7 @@ def parse_chain_options(params: dict) -> ChainOptions:
         secrets=tuple(params["redact"] or ()),
         phase=_phase(params["phase"]),
         node_rank=_node_rank(params["node_rank"]),
+        reference=_reference(params.get("reference")),
     )
     if options.node_rank and options.gateway.urls:
         raise ChainInputError(
@@ -189,6 +197,13 @@ def parse_chain_options(params: dict) -> ChainOptions:
         )
     _check_probe(options)
     return options
+
+
+def _reference(given) -> dict:
+    try:
+        return parse_reference_options(given)
+    except ReferenceInputError as exc:
+        raise ChainInputError(exc.option, str(exc)) from None
 
 
 def _phase(phase) -> str:

@@ -145,6 +145,7 @@ class ChainResult:
     plan: dict | None = None
     phase: str | None = None
     node_rank: int | None = None
+    reference: dict | None = None
 
     def fail(self, failure: ChainFailure) -> None:
         self.healthy, self.failed_step, self.reason = False, failure.step, failure.reason
@@ -183,6 +184,7 @@ class ChainResult:
             "gateway": self.gateway,
             "phase": self.phase,
             "node_rank": self.node_rank,
+            "reference": self.reference,
         }
         if self.plan is not None:
             result["plan"] = self.plan
@@ -216,7 +218,9 @@ class ChainResult:
             return f"{self.unit} (node_rank {self.node_rank}) phase {self.phase}: {done} after {elapsed_s:.1f} s"
         if self.healthy:
             rejoined = " and is back in its gateway(s)" if (self.gateway or {}).get("in_gateways") else ""
-            return f"{self.unit} passed its gate after {elapsed_s:.1f} s (MainPID {self.main_pid}){rejoined}"
+            reference = (self.reference or {}).get("status")
+            held = f"; reference {reference}" if reference in ("passed", "recorded", "accepted") else ""
+            return f"{self.unit} passed its gate after {elapsed_s:.1f} s (MainPID {self.main_pid}){rejoined}{held}"
         lines = [self._failure_line()]
         if self.active_state:
             lines.append(self._unit_line())

@@ -20,6 +20,7 @@ from ansible_collections.llmops.inference.plugins.module_utils.known_good import
 from ansible_collections.llmops.inference.plugins.module_utils.probe import SglangProbe
 from ansible_collections.llmops.inference.plugins.module_utils.probe_settings import ProbeSettings
 from ansible_collections.llmops.inference.plugins.module_utils.reaper import GpuReaper, parse_options
+from ansible_collections.llmops.inference.plugins.module_utils.reference_record import ReferenceEngine
 from ansible_collections.llmops.inference.plugins.module_utils.restart.options import ChainOptions
 from ansible_collections.llmops.inference.plugins.module_utils.restart.result import ChainFailure, Steps
 from ansible_collections.llmops.inference.plugins.module_utils.sglang import SglangClient, SglangError
@@ -56,6 +57,7 @@ class Runners:
     store: Any = KnownGoodStore
     locks: Any = _host_lock
     gateway_set: Any = None
+    reference: Callable | None = None
 
 
 class HostRunners:
@@ -71,6 +73,7 @@ class HostRunners:
         self.ready = given.ready or self._host_ready
         self.scrape = given.scrape or self._host_in_flight
         self.store, self.locks, self.gateway_set = given.store, given.locks, given.gateway_set
+        self.reference_engine = given.reference or self._host_reference_engine
 
     def _client(self, timeout: float = CLIENT_TIMEOUT_S) -> SglangClient:
         options = self.options
@@ -83,6 +86,10 @@ class HostRunners:
 
     def _host_probe(self, settings: dict) -> dict:
         return SglangProbe.for_host(ProbeSettings(**settings).validate(), self._client(), self.run_command).run()
+
+    def _host_reference_engine(self, settings: dict) -> ReferenceEngine:
+        options = self.options
+        return ReferenceEngine(options.url, options.api_key, options.validate_certs, settings)
 
     def _host_health(self) -> int:
         return self._client(HEALTH_TIMEOUT_S).health()

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from . import adaptive as adaptive_mod
-from . import faults, specmodel, textgen
+from . import faults, lm, specmodel, textgen
 from .metrics import FinishedRequest, Stats
 from .spec_args import SpecConfig
 
@@ -82,6 +82,7 @@ class EngineConfig:
     faults: dict
     decode_log_interval: int = 40
     adaptive: adaptive_mod.AdaptiveParams | None = None
+    model: str = ""  # the model's path: what the greedy tokens are a function of, with the ids and the numerics
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,16 @@ class Request:
     stream: bool
     rid: str
     warmup: bool = False
+    input_ids: tuple = ()
+    logprobs: Logprobs | None = None
+
+
+@dataclass(frozen=True)
+class Logprobs:
+    """return_logprob and its companions (io_struct.py GenerateReqInput; -1: SGLang's default start)."""
+
+    start: int = -1
+    return_text: bool = False
 
 
 def new_request(
@@ -127,9 +138,12 @@ def new_request(
     stream: bool,
     rid: str | None = None,
     warmup: bool = False,
+    input_ids: list | None = None,
+    logprobs: Logprobs | None = None,
 ) -> Request:
+    ids = tuple(input_ids) if input_ids else tuple(lm.tokenize(prompt))
     tokens = textgen.count_tokens(prompt) if prompt_tokens is None else max(1, prompt_tokens)
-    return Request(prompt, tokens, sampling, stream, rid or uuid.uuid4().hex, warmup)
+    return Request(prompt, tokens, sampling, stream, rid or uuid.uuid4().hex, warmup, ids, logprobs)
 
 
 def _split(total: int, parts: int) -> list[int]:
@@ -173,6 +187,8 @@ class Engine:
             )
         self._adaptive_rng = random.Random(f"{config.seed}:adaptive")
         self._adaptive_carry = 0.0  # seconds into the verify step under way
+        drift = config.faults.get(faults.OUTPUT_DRIFT) if faults.OUTPUT_DRIFT in config.faults else None
+        self.lm = lm.LanguageModel(config.model, drift)
         if faults.NEVER_LOAD in config.faults:
             self.mode = STUCK
             self._frozen = (0, 0, 0.0)
@@ -308,19 +324,24 @@ class Engine:
                 self._seen_prompts.popitem(last=False)
         return request.prompt_tokens - 1 if seen else 0
 
-    def _pieces(self, request: Request) -> tuple[list[str], dict]:
+    def _pieces(self, request: Request) -> tuple[list[str], dict, list]:
+        """The output's pieces, its finish reason, and each output token's logprob."""
         count = request.sampling.max_new_tokens
         if faults.DEGENERATE in self.config.faults:
-            return textgen.degenerate_pieces(count), {"type": "length", "length": count}
-        key = textgen.generation_key(request.prompt, request.sampling.temperature, self.config.seed, request.rid)
-        pieces = textgen.pieces(key, count)
+            return textgen.degenerate_pieces(count), {"type": "length", "length": count}, [-0.01] * count
+        salt = ""
+        if request.sampling.temperature > 0.0:
+            salt = textgen.generation_key(request.prompt, request.sampling.temperature, self.config.seed, request.rid)
+        steps = lm.generate(self.lm, list(request.input_ids), count, salt)
+        pieces = [step.piece for step in steps]
+        logprobs = [step.logprob for step in steps]
         text = ""
         for index, piece in enumerate(pieces):
             text += piece
             for stop in request.sampling.stops:
                 if stop in text:
-                    return pieces[: index + 1], {"type": "stop", "matched": stop}
-        return pieces, {"type": "length", "length": count}
+                    return pieces[: index + 1], {"type": "stop", "matched": stop}, logprobs[: index + 1]
+        return pieces, {"type": "length", "length": count}, logprobs
 
     def _step_cost(self, running: int) -> float:
         spec = self.config.spec
@@ -399,6 +420,17 @@ class Engine:
 
     def validate(self, request: Request) -> None:
         """Raise GenerationError for a request SGLang refuses before generating (call before streaming starts)."""
+        if request.sampling.max_new_tokens == 0 and self.config.spec.enabled:
+            raise GenerationError(
+                "max_new_tokens=0 is a prefill-only request, which speculative decoding does not serve; "
+                "ask for max_new_tokens=1 to score a continuation."
+            )
+        start = request.logprobs.start if request.logprobs is not None else -1
+        if start > len(request.input_ids):
+            raise GenerationError(
+                f"req.logprob_start_len={start} is higher than the number of input tokens "
+                f"len(req.origin_input_ids)={len(request.input_ids)}. Please use a smaller logprob_start_len."
+            )
         total = request.prompt_tokens + request.sampling.max_new_tokens
         if total > self.config.context_length:
             raise GenerationError(
@@ -545,7 +577,7 @@ class Engine:
             self._leave(phase["decoding"])
 
     def _decode(self, request: Request, emit, arrived: float, cached: int, client_gone, phase: dict) -> dict:
-        pieces, finish_reason = self._pieces(request)
+        pieces, finish_reason, logprobs = self._pieces(request)
         per_step, spec_meta = self._plan(request, len(pieces))
         ends = list(itertools.accumulate(per_step))
         started = time.monotonic()
@@ -596,7 +628,13 @@ class Engine:
                     self._cond.release()
                     try:
                         chunk = self._chunk(
-                            request, pieces, start=last_chunk_at, end=end, finish_reason=None, cached=cached
+                            request,
+                            pieces,
+                            start=last_chunk_at,
+                            end=end,
+                            finish_reason=None,
+                            cached=cached,
+                            logprobs=logprobs,
                         )
                         emit(chunk)
                     finally:
@@ -616,6 +654,7 @@ class Engine:
             end=produced,
             finish_reason=finish_reason,
             cached=cached,
+            logprobs=logprobs,
         )
         final["meta_info"]["e2e_latency"] = finished_at - arrived
         spec_meta = spec_meta or self._adaptive_meta(request, ends[-1] if ends else 0)
@@ -636,14 +675,32 @@ class Engine:
         )
         return final
 
-    def _chunk(self, request: Request, pieces: list, *, start: int, end: int, finish_reason, cached: int) -> dict:
+    def _chunk(
+        self, request: Request, pieces: list, *, start: int, end: int, finish_reason, cached: int, logprobs: list
+    ) -> dict:
         """An output dict; streamed chunks carry everything so far unless --incremental-streaming-output."""
         if request.stream and self.config.incremental_streaming:
             chosen = pieces[start:end]
         else:
             chosen = pieces[:end]
+        meta = self._meta(request, finish_reason, end, cached)
+        if request.logprobs is not None:
+            meta.update(self._logprob_meta(request, pieces[:end], logprobs[:end]))
+        return {"text": "".join(chosen), "output_ids": [lm.token_id(p) for p in chosen], "meta_info": meta}
+
+    def _logprob_meta(self, request: Request, pieces: list, logprobs: list) -> dict:
+        """TokenizerManager.add_logprob_to_meta_info: (logprob, token id, text or None) per token, the input's from
+        logprob_start_len (default: none of the input), the first of them None (logprob_result_processor.py)."""
+        ids = list(request.input_ids)
+        start = len(ids) if request.logprobs.start < 0 else request.logprobs.start
+        text = request.logprobs.return_text
+        input_values = lm.score(self.lm, ids, start) if start < len(ids) else []
+        inputs = [
+            [value, token, (lm.piece_of(token) if text else None)] for value, token in zip(input_values, ids[start:])
+        ]
+        outputs = [[value, lm.token_id(piece), (piece if text else None)] for value, piece in zip(logprobs, pieces)]
         return {
-            "text": "".join(chosen),
-            "output_ids": [textgen.token_id(p) for p in chosen],
-            "meta_info": self._meta(request, finish_reason, end, cached),
+            "input_token_logprobs": inputs,
+            "output_token_logprobs": outputs,
+            "output_token_logprobs_length": len(outputs),
         }

@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
 from . import health, info, metrics, openai_api
-from .engine import ClientGone, GenerationError, new_request, parse_sampling
+from .engine import ClientGone, GenerationError, Logprobs, new_request, parse_sampling
 from .state import ServerState
 
 OPEN_PATHS = ("/health", "/ready", "/metrics")
@@ -284,14 +284,19 @@ class Handler(BaseHTTPRequestHandler):
             raise GenerationError("Either text, input_ids or input_embeds should be provided.")
         stream = bool(body.get("stream"))
         sampling = parse_sampling(body.get("sampling_params"))
+        logprobs = _logprobs(body)
         if isinstance(texts, list) or (ids and isinstance(ids[0], list)):
             if stream:
                 raise GenerationError("The simulated server streams single requests only.")
-            self._json(200, self._batch(texts, ids, sampling, body.get("rid")))
+            self._json(200, self._batch(texts, ids, sampling, body.get("rid"), logprobs))
             return
+        if ids is not None and not _token_ids(ids):
+            raise GenerationError("input_ids must be a non-empty list of token ids (whole numbers 0 or more).")
         prompt = texts if texts is not None else " ".join(str(i) for i in ids)
         prompt_tokens = None if texts is not None else len(ids)
-        request = new_request(prompt, prompt_tokens, sampling, stream, body.get("rid"))
+        request = new_request(
+            prompt, prompt_tokens, sampling, stream, body.get("rid"), input_ids=ids, logprobs=logprobs
+        )
         if not stream:
             self._json(200, self.state.generate(request, client_gone=self._client_gone))
             return
@@ -301,7 +306,7 @@ class Handler(BaseHTTPRequestHandler):
         self._event(final)
         self._end_stream()
 
-    def _batch(self, texts, ids, sampling, rids) -> list:
+    def _batch(self, texts, ids, sampling, rids, logprobs) -> list:
         prompts = texts if texts is not None else [" ".join(str(i) for i in row) for row in ids]
         results: list = [None] * len(prompts)
 
@@ -309,7 +314,8 @@ class Handler(BaseHTTPRequestHandler):
             rid = rids[index] if isinstance(rids, list) and index < len(rids) else None
             tokens = None if texts is not None else len(ids[index])
             try:
-                request = new_request(prompts[index], tokens, sampling, False, rid)
+                row = None if texts is not None else ids[index]
+                request = new_request(prompts[index], tokens, sampling, False, rid, input_ids=row, logprobs=logprobs)
                 results[index] = self.state.generate(request, client_gone=self._client_gone)
             except ClientGone as exc:
                 results[index] = exc
@@ -350,6 +356,26 @@ class Handler(BaseHTTPRequestHandler):
 
         openai_api.complete(self.state, body, self.state.ns.served_model_name, chat, send, self._client_gone)
         self._end_stream()
+
+
+def _token_ids(ids) -> bool:
+    return (
+        isinstance(ids, list)
+        and bool(ids)
+        and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids)
+    )
+
+
+def _logprobs(body: dict) -> Logprobs | None:
+    """return_logprob, logprob_start_len (default -1) and return_text_in_logprobs (io_struct.py GenerateReqInput);
+    SGLang ignores logprob_start_len without return_logprob (scheduler.py)."""
+    if not body.get("return_logprob"):
+        return None
+    start = body.get("logprob_start_len")
+    start = -1 if start is None else start
+    if not isinstance(start, int) or isinstance(start, bool) or start < -1:
+        raise GenerationError(f"logprob_start_len must be -1 or a whole number, got {start!r}.")
+    return Logprobs(start, bool(body.get("return_text_in_logprobs")))
 
 
 class SimHTTPServer(ThreadingHTTPServer):

@@ -124,9 +124,16 @@ def _engine(ns, spec: spec_args.SpecConfig, model: info.ModelConfig, max_running
         )
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     nccl = allreduce.uses_nccl(ns.tp_size, ns.disable_custom_all_reduce, visible)
+    slowdown = ns.faults.get(faults.SLOWDOWN) or 1.0  # the slowdown=F fault: every decode step F times as long
+    chosen = dict(ns.faults)
+    if spec.enabled and chosen.get(faults.LOSSY_STEPS, -1) == spec.num_steps:  # a draft that is not lossless here
+        chosen.setdefault(faults.OUTPUT_DRIFT, faults.FAULTS[faults.OUTPUT_DRIFT].default)
     return Engine(
         EngineConfig(
-            token_latency_s=ns.sim_token_latency_ms / 1000.0 * (1.0 + (ns.sim_nccl_allreduce_cost if nccl else 0.0)),
+            token_latency_s=ns.sim_token_latency_ms
+            / 1000.0
+            * (1.0 + (ns.sim_nccl_allreduce_cost if nccl else 0.0))
+            * slowdown,
             prefill_s_per_token=ns.sim_prefill_ms_per_token / 1000.0,
             seed=ns.sim_seed,
             noise=ns.sim_noise,
@@ -138,8 +145,9 @@ def _engine(ns, spec: spec_args.SpecConfig, model: info.ModelConfig, max_running
             spec=spec,
             spec_params=params,
             adaptive=_adaptive_params(spec, max_running),
-            faults=ns.faults,
+            faults=chosen,
             decode_log_interval=ns.decode_log_interval,
+            model=ns.model_path,
         )
     )
 
