@@ -544,11 +544,11 @@ class Engine:
         Raises ClientGone when the client disconnected while the request could not progress.
         """
         arrived = time.monotonic()
-        self.validate(request)
-        cached = self._cached_tokens(request)
-        with self._cond:
+        with self._cond:  # abort_all reaches a request from its arrival on, as rid_to_state holds it
             self._live[id(request)] = request
         try:
+            self.validate(request)
+            cached = self._cached_tokens(request)
             return self._generate(request, emit, client_gone, arrived, cached)
         finally:
             with self._cond:

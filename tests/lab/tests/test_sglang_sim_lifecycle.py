@@ -606,13 +606,14 @@ def test_no_http_requests_active_without_enable_metrics(start):
 
 
 def test_abort_all_ends_every_request_with_an_abort_finish_reason_and_the_drain_exits_0(start, lab_env):
-    sim = start("--tp-size", "2", "--api-key", API_KEY, "--max-running-requests", "1", *SLOW, *FAST)
+    sim = start("--tp-size", "2", "--api-key", API_KEY, "--enable-metrics", "--max-running-requests", "1", *SLOW, *FAST)
     result: dict = {}
     auth = {"authorization": f"Bearer {API_KEY}"}
     workers = [threading.Thread(target=finishing_stream, args=(sim, 2000, result, f"r{i}", auth)) for i in range(2)]
     for worker in workers:
         worker.start()
     assert wait_for(lambda: "r0:first" in result or "r1:first" in result)
+    assert wait_for(lambda: http_active(sim).get(("/generate", "POST")) == 2.0)  # both arrived
     sim.proc.send_signal(signal.SIGTERM)
     assert wait_for(lambda: "Draining requests and shutting down" in sim.log, timeout=2)
     assert sim.post("/abort_request", {"abort_all": True})[0] == 401  # behind the API key
