@@ -46,8 +46,6 @@ ROLE_VARS = {
     "sglang_service_scheduler_exit_sec": 2,
     "sglang_service_stop_margin_sec": 3,
     "sglang_service_restart_sec": 2,
-    # A sweep killed inside a restart chain leaves the host lock to its lease; keep that short in the lab.
-    "sglang_service_lock_lease_sec": 120,
     "sglang_service_lock_timeout": 150,
     "sglang_service_extra_args": [
         "--sim-load-time", "1",
