@@ -22,30 +22,23 @@ from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
-from ansible_collections.llmops.inference.plugins.module_utils.host_lock import Keeper, alive_path
+from ansible_collections.llmops.inference.plugins.module_utils.host_lock import Keeper, alive_path, start_time
 
 display = Display()
 
 
-def _started(pid: int) -> str | None:
-    """When ``pid`` started (from /proc; None where there is no /proc, or no such process)."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
-            stat = handle.read()
-    except OSError:
-        return None
-    return stat[stat.rindex(")") + 2 :].split()[19]
-
-
 def process_alive(pid: int, started: str | None) -> bool:
-    """Whether ``pid`` still runs and, where its start time was known, is still the same process."""
+    """Whether ``pid`` still runs (a zombie does not: a run killed with SIGKILL stays one until its parent reaps it)
+    and, where /proc gave its start time, is still the same process."""
+    if started is not None:
+        return start_time(pid) == started
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         pass
-    return started is None or _started(pid) == started
+    return True
 
 
 def renew_command(path: str, token: str) -> str:
@@ -83,7 +76,7 @@ class ActionModule(ActionBase):
 
     def _start_keeper(self, path: str, token: str, period: float) -> int:
         run_pid = os.getppid()
-        run_started = _started(run_pid)
+        run_started = start_time(run_pid)
         read_end, write_end = os.pipe()
         child = os.fork()
         if child == 0:  # pragma: no cover - the forked keeper

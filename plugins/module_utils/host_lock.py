@@ -169,7 +169,7 @@ def _hold(path: str, owner: dict, timeout: float, terms: tuple, report_fd: int) 
         "owner": owner,
         "token": secrets.token_hex(16),
         "pid": os.getpid(),
-        "pid_start": _start_time(os.getpid()),
+        "pid_start": start_time(os.getpid()),
         "acquired_at": _iso(now),
         "renew_period": period,
         "renew_margin": margin,
@@ -273,7 +273,7 @@ def acquire(
     return answer
 
 
-def _start_time(pid: int) -> str | None:
+def start_time(pid: int) -> str | None:
     """When ``pid`` started (clock ticks after boot, from /proc/PID/stat); None when no live process has it (none, or
     a zombie: a process that has exited and closed its files, the flock's included)."""
     try:
@@ -292,7 +292,7 @@ def _holder_running(holder: dict) -> bool:
     pid = int(holder.get("pid") or 0)
     if pid <= 1:
         return False
-    started = _start_time(pid)
+    started = start_time(pid)
     return started is not None and holder.get("pid_start") in (None, started)
 
 
