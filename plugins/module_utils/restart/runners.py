@@ -220,8 +220,9 @@ class HostLock:
         self._renewer = threading.Thread(target=keep, name="host-lock-renewer", daemon=True)
         self._renewer.start()
 
-    def guard(self, step_name: str) -> None:
-        """Before ``step_name``: stop the chain when this run no longer holds the lock."""
+    def guard(self, step_name: str, during: bool = False) -> None:
+        """Before ``step_name`` (or ``during`` it, from its waits): stop the chain when this run no longer holds the
+        lock."""
         if step_name in self.UNGUARDED or not self.token:
             return
         path = self.options.path
@@ -229,8 +230,8 @@ class HostLock:
             return
         now = self.locks.status(path).get("msg")
         reason = (
-            f"lost the host lock {path} (now: {now}); stopped before the {step_name} step and changed nothing "
-            "after it: the unit is left as the service fields say"
+            f"lost the host lock {path} (now: {now}); stopped {'during' if during else 'before'} the {step_name} step "
+            "and changed nothing after it: the unit is left as the service fields say"
         )
         self.steps.note("lock_lost", "failed", reason)
         raise ChainFailure("lock_lost", reason)

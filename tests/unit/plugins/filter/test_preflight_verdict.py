@@ -19,6 +19,8 @@ def preflight_verdict(hosts, state, purpose, require_all_reachable=False):
     return verdict_filter.preflight_verdict(
         hosts, before, refusals, node_groups, purpose, require_all_reachable=require_all_reachable
     )
+
+
 ALL_PASSED = {host: {"passed": True} for host in HOSTS}
 
 

@@ -304,6 +304,25 @@ def test_a_lock_lost_mid_chain_stops_it_before_the_next_step_and_says_where_the_
     assert "reap" not in [step["name"] for step in result["steps"]]
 
 
+def test_a_lock_lost_while_the_gate_waits_for_the_load_stops_the_chain_there():
+    world = World(starts=[Start(load=30.0)])
+    checks = []
+    original = world.locks.held_with
+
+    def held_with(path, token):
+        checks.append(world.clock())
+        return original(path, token) and world.clock() < 10.0  # lost 10 s into the run, while the engine loads
+
+    world.locks.held_with = held_with
+    result = world.run()
+    assert result["gate"]["failed_step"] == "lock_lost"
+    assert "stopped during the gate step" in result["gate"]["reason"]
+    names = [step["name"] for step in result["steps"]]
+    assert names.index("gate") < names.index("lock_lost") < names.index("unlock")
+    assert len(checks) > 6  # the gate checked at each of its polls
+    assert world.locks.kinds() == ["acquire", "status", "release"]
+
+
 def test_a_retake_replaces_a_lost_token_with_a_lock_taken_at_once():
     world = World()
     result = world.run(lock={**PARAMS["lock"], "token": "stale", "retake": True})
