@@ -25,17 +25,12 @@ options:
     type: list
     elements: str
     required: true
-  before:
-    description: Per host that answered, its state before the run (C(__fleet_before)), none when its preflight did
-      not finish.
-    type: dict
-    required: true
-  refusals:
-    description: Per host that answered, why its preflight failed, none when it did not.
-    type: dict
-    required: true
-  node_groups:
-    description: Per host that answered, the members of its node group (empty or none for a single-node engine).
+  answers:
+    description:
+      - What the hosts that answered said, as three dicts by host - C(before) (the host's state before the run,
+        C(__fleet_before), none when its preflight did not finish), C(refusals) (why its preflight failed, none when
+        it did not) and C(node_groups) (the members of its node group, empty for a single-node engine). A host
+        missing from C(before), or with neither a state nor a refusal, was not reached.
     type: dict
     required: true
   purpose:
@@ -54,7 +49,7 @@ EXAMPLES = r"""
   ansible.builtin.set_fact:
     verdict: >-
       {{ ['gpu-a', 'gpu-b', 'gpu-c'] | llmops.inference.preflight_verdict(
-         before={'gpu-a': {}, 'gpu-b': {}}, refusals={}, node_groups={}, purpose='rollback') }}
+         {'before': {'gpu-a': {}, 'gpu-b': {}}, 'refusals': {}, 'node_groups': {}}, 'rollback') }}
   # verdict.go: [gpu-a, gpu-b]; verdict.records.gpu-c.outcome: skipped
 """
 
@@ -66,10 +61,10 @@ _value:
 """
 
 
-def preflight_verdict(hosts, before, refusals, node_groups, purpose, require_all_reachable=False) -> dict:
+def preflight_verdict(hosts, answers, purpose, require_all_reachable=False) -> dict:
     if purpose not in ("deploy", "rollback"):
         raise AnsibleFilterError(f"preflight_verdict: purpose must be deploy or rollback, got {purpose!r}")
-    before, refusals, node_groups = dict(before or {}), dict(refusals or {}), dict(node_groups or {})
+    before, refusals, node_groups = ({**(answers.get(key) or {})} for key in ("before", "refusals", "node_groups"))
     state = {
         host: {"passed": before[host] is not None, "refusal": refusals.get(host), "node_group": node_groups.get(host)}
         for host in before

@@ -16,9 +16,8 @@ def preflight_verdict(hosts, state, purpose, require_all_reachable=False):
     before = {host: ({} if value.get("passed") else None) for host, value in state.items()}
     refusals = {host: value.get("refusal") for host, value in state.items()}
     node_groups = {host: value.get("node_group") for host, value in state.items()}
-    return verdict_filter.preflight_verdict(
-        hosts, before, refusals, node_groups, purpose, require_all_reachable=require_all_reachable
-    )
+    answers = {"before": before, "refusals": refusals, "node_groups": node_groups}
+    return verdict_filter.preflight_verdict(hosts, answers, purpose, require_all_reachable=require_all_reachable)
 
 
 ALL_PASSED = {host: {"passed": True} for host in HOSTS}
