@@ -178,7 +178,9 @@ class HostLock:
             return f"held by the caller: {path}", None
         holder = self.locks.status(path)
         if not self.options.retake:
-            raise ChainFailure("lock", f"{path} is not held with the given lock.token ({holder.get('msg')})")
+            raise ChainFailure(
+                "lock", f"lost the host lock {path}: it is not held with the given lock.token ({holder.get('msg')})"
+            )
         if check_mode:
             self.record = {"path": path, "taken": False, "held": holder.get("held")}
             return f"the caller's lock is gone: would take {path} anew ({holder.get('msg')})", None
