@@ -62,7 +62,7 @@ def test_fresh_host_serves_quoted_arguments_and_a_rerun_changes_nothing(clean_la
     unit = sh(clean_lab, host, f"cat /etc/systemd/system/{UNIT}")
     for line in (
         "KillMode=control-group",
-        "TimeoutStopSec=15",
+        "TimeoutStopSec=22",  # drain 5 s + SGLang's drain check 5 s + scheduler exit 2 s + margin 10 s
         "Restart=on-failure",
         "StartLimitBurst=3",
         f"EnvironmentFile=/etc/llmops/{NAME}.env",
