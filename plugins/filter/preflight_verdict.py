@@ -27,10 +27,10 @@ options:
     required: true
   answers:
     description:
-      - What the hosts that answered said, as three dicts by host - C(before) (the host's state before the run,
-        C(__fleet_before), none when its preflight did not finish), C(refusals) (why its preflight failed, none when
-        it did not) and C(node_groups) (the members of its node group, empty for a single-node engine). A host
-        missing from C(before), or with neither a state nor a refusal, was not reached.
+      - What each host that answered said - C(before) (its state before the run, C(__fleet_before), none when its
+        preflight did not finish), C(refusal) (why its preflight failed, none when it did not) and C(node_group) (the
+        members of its node group, empty for a single-node engine). A host missing here, or with neither a state
+        nor a refusal, was not reached.
     type: dict
     required: true
   purpose:
@@ -49,7 +49,7 @@ EXAMPLES = r"""
   ansible.builtin.set_fact:
     verdict: >-
       {{ ['gpu-a', 'gpu-b', 'gpu-c'] | llmops.inference.preflight_verdict(
-         {'before': {'gpu-a': {}, 'gpu-b': {}}, 'refusals': {}, 'node_groups': {}}, 'rollback') }}
+         {'gpu-a': {'before': {}}, 'gpu-b': {'before': {}}}, 'rollback') }}
   # verdict.go: [gpu-a, gpu-b]; verdict.records.gpu-c.outcome: skipped
 """
 
@@ -64,10 +64,13 @@ _value:
 def preflight_verdict(hosts, answers, purpose, require_all_reachable=False) -> dict:
     if purpose not in ("deploy", "rollback"):
         raise AnsibleFilterError(f"preflight_verdict: purpose must be deploy or rollback, got {purpose!r}")
-    before, refusals, node_groups = ({**(answers.get(key) or {})} for key in ("before", "refusals", "node_groups"))
     state = {
-        host: {"passed": before[host] is not None, "refusal": refusals.get(host), "node_group": node_groups.get(host)}
-        for host in before
+        host: {
+            "passed": (answer or {}).get("before") is not None,
+            "refusal": (answer or {}).get("refusal"),
+            "node_group": (answer or {}).get("node_group"),
+        }
+        for host, answer in dict(answers or {}).items()
     }
     return _verdict(list(hosts), state, purpose, bool(require_all_reachable))
 

@@ -13,10 +13,14 @@ HOSTS = ["h1", "h2", "h3"]
 
 def preflight_verdict(hosts, state, purpose, require_all_reachable=False):
     """The filter, given each host's state as the playbook's facts say it."""
-    before = {host: ({} if value.get("passed") else None) for host, value in state.items()}
-    refusals = {host: value.get("refusal") for host, value in state.items()}
-    node_groups = {host: value.get("node_group") for host, value in state.items()}
-    answers = {"before": before, "refusals": refusals, "node_groups": node_groups}
+    answers = {
+        host: {
+            "before": {} if value.get("passed") else None,
+            "refusal": value.get("refusal"),
+            "node_group": value.get("node_group"),
+        }
+        for host, value in state.items()
+    }
     return verdict_filter.preflight_verdict(hosts, answers, purpose, require_all_reachable=require_all_reachable)
 
 
