@@ -198,7 +198,11 @@ options:
       token:
         description:
           - The token of a lock the caller holds (from M(llmops.inference.host_lock)); the chain checks that it is
-            still held with it and neither takes nor releases it.
+            still held with it and neither takes nor releases it. The caller's run renews it.
+          - Before each step the chain checks again that the lock is still held (with this token, or the one it took
+            itself). A lock lost meanwhile (broken with O(llmops.inference.host_lock#module:force=true), or let go
+            because its run stopped renewing it) stops the chain before that step with C(failed_step=lock_lost);
+            nothing after it is done, and the result's C(service) fields say the state the unit was left in.
         type: str
       owner:
         description: Who takes the lock, recorded in it and shown to a run that has to wait.
@@ -208,10 +212,25 @@ options:
         description: Seconds to wait for another holder.
         type: float
         default: 600
-      lease:
-        description: Seconds after which a lock left by a killed run lets go by itself.
+      renew_period:
+        description:
+          - How often the lock's run renews it, in seconds. A lock the chain takes itself is renewed by the module
+            for as long as it runs.
         type: float
-        default: 3600
+        default: 30
+      renew_margin:
+        description:
+          - Seconds, beyond O(lock.renew_period), that the lock outlives its last renewal; a killed run blocks others
+            at most O(lock.renew_period) + O(lock.renew_margin) seconds.
+        type: float
+        default: 60
+      retake:
+        description:
+          - When O(lock.token) no longer holds the lock, take it anew at once (without waiting) for this run of the
+            chain, and release it at its end; when another run holds it now, fail at the C(lock) step and change
+            nothing. For the stop of a failed group restart, which must not need the lock it may have lost.
+        type: bool
+        default: false
   known_good:
     description:
       - Where the known-good snapshot is saved after a passing gate. Without O(known_good.root), none is saved.

@@ -16,7 +16,10 @@ import yaml
 LAB_GATE = {"sglang_service_probe_stability_window": 2}
 
 # The sglang_service role on a lab host: what differs from a real host is which module the unit launches, and
-# quicker timings.
+# quicker timings. Budgets that a slow machine could outlast keep room for one at least twice as slow: the stop's
+# margin (10 s: a stop whose processes exit in time ends at once, so the margin costs nothing then) and the gate's wait
+# for readiness (120 s for a 1 s load: the gate passes as soon as the engine is ready). The host lock has no budget:
+# its run renews it.
 SERVICE_LAB_VARS = {
     "sglang_service_name": "sglang-svc",
     "sglang_service_python": "/opt/sglang/venv/bin/python",
@@ -27,9 +30,9 @@ SERVICE_LAB_VARS = {
     "sglang_service_restart_sec": 1,
     "sglang_service_drain_timeout": 5,
     "sglang_service_scheduler_exit_sec": 2,
-    "sglang_service_stop_margin_sec": 3,
+    "sglang_service_stop_margin_sec": 10,
     "sglang_service_gpu_free_wait_sec": 1,
-    "sglang_service_probe_wait_timeout": 15,
+    "sglang_service_probe_wait_timeout": 120,
     **LAB_GATE,
 }
 

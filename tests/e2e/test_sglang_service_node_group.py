@@ -52,6 +52,7 @@ UNIT = "sglang-mn.service"
 KEY = "lab-node-group-key-7d21"
 UNIT_PATH = f"/etc/systemd/system/{UNIT}"
 ENV_PATH = "/etc/llmops/sglang-mn.env"
+LOCK = "/run/lock/llmops-sglang-mn.lock"
 
 
 def group_vars(lab, **overrides) -> dict:
@@ -176,11 +177,12 @@ class Deployed:
     # What every engine gets once the gateway runs (test_deploy_in_batches...): listen on the lab address, behind it.
     behind: dict = field(default_factory=dict)
 
-    def apply(self, name: str, rank0=None, rank1=None, single=None) -> tuple:
+    def apply(self, name: str, rank0=None, rank1=None, single=None, shared=None) -> tuple:
         """The role on the three hosts: the group's settings and each host's own (``rank0``, ...) as inventory host
-        variables (extra variables would reach every host), the shared lab settings as extra variables."""
+        variables (extra variables would reach every host), the shared lab settings (and ``shared``) as extra
+        variables."""
         inventory, extra = self._layer(name, rank0, rank1, single)
-        proc = self.lab.playbook(PLAYBOOKS / "service_role.yml", extra, inventories=(inventory,))
+        proc = self.lab.playbook(PLAYBOOKS / "service_role.yml", {**extra, **(shared or {})}, inventories=(inventory,))
         return proc, output(proc)
 
     def deploy(self, name: str, rank0=None, rank1=None, single=None) -> tuple:
@@ -318,6 +320,50 @@ def test_rank_1_crashing_in_the_restart_fails_the_group_naming_it_and_leaves_bot
         assert titles(lab, host) == [], host
         assert gpu_claims(lab, host) == {}, host
     assert deployed.pids()[single] == single_pid
+
+
+def test_the_group_restarts_lock_taken_away_mid_phase_stops_the_group_naming_it(deployed, tmp_path):
+    """The lock of rank 1 is broken while its engine loads (a slow load): the run stops changing hosts, names the
+    lost lock, and stops both ranks (the stop after the failure takes the free lock anew), so that no rank runs
+    with the other's inputs."""
+    lab, rank0, rank1 = deployed.lab, deployed.rank0, deployed.rank1
+    before = deployed.pids()
+    slow = {
+        "sglang_service_extra_args": ["--sim-load-time", "60"],
+        "sglang_service_probe_wait_timeout": 600,  # the gate waits for the slow load
+    }
+    release = {"sglang_service_environment": {"LLMOPS_TEST_RELEASE": "lost-lock"}}
+    result = {}
+    run = threading.Thread(
+        target=lambda: result.update(zip(("proc", "out"), deployed.apply("lost-lock", rank1=release, shared=slow)))
+    )
+    run.start()
+    try:
+        wait_until(
+            lambda: (
+                unit_show(lab, rank1, UNIT)["ActiveState"] == "activating"
+                and int(unit_show(lab, rank1, UNIT)["MainPID"] or 0) not in (0, before[rank1])
+            ),
+            600,
+            "rank 1's slow load",
+        )
+        broken = lab.module(rank1, "llmops.inference.host_lock", {"path": LOCK, "state": "absent", "force": True})
+        assert broken["changed"] is True, broken
+    finally:
+        run.join(900)
+    proc, out = result["proc"], result["out"]
+    assert proc.returncode != 0
+    assert f"lost the host lock {LOCK}" in out, out
+    for host in (rank0, rank1):
+        shown = unit_show(lab, host, UNIT)
+        assert shown["ActiveState"] == "inactive" and shown["MainPID"] == "0", (host, shown, out[-4000:])
+        assert titles(lab, host) == [], host
+    # (The single-node engine restarted too: the slow load's arguments, extra variables, reached its unit as well.)
+    for host in (rank0, rank1):
+        assert lab.module(host, "llmops.inference.host_lock", {"path": LOCK}, check=True)["held"] is False
+    # The group serves again after a run of the role on it (the next test starts from a serving group).
+    proc, out = deployed.apply("after-lost-lock", rank1=release)
+    assert proc.returncode == 0, out
 
 
 def workers(deployed) -> list:

@@ -39,15 +39,13 @@ ROLE_VARS = {
     "sglang_service_speculative_algorithm": "EAGLE",
     "sglang_service_speculative_num_steps": 3,
     "sglang_service_speculative_eagle_topk": 1,
-    # A stop budget of 15 s (drain 5 s + SGLang's drain check 5 s + scheduler exit 2 s + margin 3 s), as in
-    # labutil.SERVICE_LAB_VARS: a level's requests have all ended before the next point restarts the engine, and a
-    # hung engine is killed 15 s into its stop instead of 45 s.
+    # A stop budget of 22 s (drain 5 s + SGLang's drain check 5 s + scheduler exit 2 s + margin 10 s), as in
+    # labutil.SERVICE_LAB_VARS: a level's requests have all ended before the next point restarts the engine, a
+    # hung engine is killed 22 s into its stop instead of 45 s, and a machine twice as slow still stops in time.
     "sglang_service_drain_timeout": 5,
     "sglang_service_scheduler_exit_sec": 2,
-    "sglang_service_stop_margin_sec": 3,
+    "sglang_service_stop_margin_sec": 10,
     "sglang_service_restart_sec": 2,
-    # A sweep killed inside a restart chain leaves the host lock to its lease; keep that short in the lab.
-    "sglang_service_lock_lease_sec": 120,
     "sglang_service_lock_timeout": 150,
     "sglang_service_extra_args": [
         "--sim-load-time", "1",

@@ -301,6 +301,8 @@ class RestartChain:
 
     def _gate(self, state, attempt: int, soak: int) -> tuple:
         checked = Gate(self.host)
+        if self.steps.guard is not None:  # the wait for readiness may take minutes: the lock is checked at each poll
+            checked.watch = lambda: self.steps.guard("gate", during=True)
         with self.steps.run("gate", attempt) as step:
             gate = checked.run(state, soak=soak)
             step["status"] = "ok" if gate["healthy"] else "failed"

@@ -69,7 +69,9 @@ ARGUMENT_SPEC = dict(
             token=dict(type="str", no_log=False),
             owner=dict(type="dict", default={}),
             timeout=dict(type="float", default=600),
-            lease=dict(type="float", default=3600),
+            renew_period=dict(type="float", default=30),
+            renew_margin=dict(type="float", default=60),
+            retake=dict(type="bool", default=False),
         ),
     ),
     known_good=dict(
@@ -109,7 +111,9 @@ class LockOptions:
     token: str | None
     owner: dict
     timeout: float
-    lease: float
+    renew_period: float
+    renew_margin: float
+    retake: bool
 
 
 @dataclass
@@ -250,7 +254,9 @@ def _lock_options(lock: dict) -> LockOptions:
         token=lock["token"] or None,
         owner=dict(lock["owner"] or {}),
         timeout=_number(lock, "lock.timeout"),
-        lease=_number(lock, "lock.lease", above=True),
+        renew_period=_number(lock, "lock.renew_period", above=True),
+        renew_margin=_number(lock, "lock.renew_margin"),
+        retake=bool(lock.get("retake")),
     )
     if options.token and not options.path:
         raise ChainInputError("lock.token", "lock.token needs lock.path, the lock it was taken on")

@@ -80,9 +80,13 @@ class Steps:
     def __init__(self, clock):
         self.clock = clock
         self.items = []
+        # Called with a step's name before the step begins (the host lock's check that it is still held).
+        self.guard = None
 
     @contextmanager
     def run(self, name: str, attempt: int = 1):
+        if self.guard is not None:
+            self.guard(name)
         entry = {"name": name, "attempt": attempt, "status": "ok", "detail": "", "elapsed_s": 0.0}
         self.items.append(entry)
         started = self.clock()

@@ -254,9 +254,11 @@ class FakeLocks:
         self.busy = busy
         self.token = token
         self.calls = []
+        # The lock is lost (broken, or let go) once this many checks of it have answered that it is held.
+        self.lost_after = None
 
-    def acquire(self, path, owner, timeout, lease):
-        self.calls.append(("acquire", path, owner))
+    def acquire(self, path, owner, timeout, period, margin):
+        self.calls.append(("acquire", path, owner, timeout))
         if self.busy:
             raise LockBusy(f"{path} is held by controller=other, play=deploy; gave up after waiting 2.0 s", {})
         return {"token": self.token, "msg": f"acquired {path} after 0.0 s", "waited_s": 0.0}
@@ -271,7 +273,15 @@ class FakeLocks:
 
     def held_with(self, path, token):
         self.calls.append(("held_with", path, token))
+        if self.lost_after is not None:
+            if self.lost_after <= 0:
+                return False
+            self.lost_after -= 1
         return token == self.token
+
+    def kinds(self):
+        """The calls, by kind, without the checks the chain makes before each step."""
+        return [call[0] for call in self.calls if call[0] != "held_with"]
 
 
 def validated(params: dict) -> dict:
@@ -292,7 +302,13 @@ PARAMS = {
     "soak": 3,
     "reap": {"grace": 10, "timeout": 60, "threshold_mib": 1024},
     "probe": {"expected_model": "Qwen/Qwen3-8B", "max_new_tokens": 32, "generate_timeout": 60},
-    "lock": {"path": "/run/lock/llmops-sglang-t.lock", "owner": {"play": "test"}, "timeout": 5, "lease": 600},
+    "lock": {
+        "path": "/run/lock/llmops-sglang-t.lock",
+        "owner": {"play": "test"},
+        "timeout": 5,
+        "renew_period": 30,
+        "renew_margin": 60,
+    },
     "known_good": {
         "root": "/var/lib/llmops/known-good/sglang-t",
         "files": {"unit": "/etc/systemd/system/sglang-t.service", "environment": "/etc/llmops/sglang-t.env"},
