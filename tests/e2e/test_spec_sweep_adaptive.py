@@ -55,6 +55,7 @@ def adaptive_sweep(lab, tmp_path_factory):
     return results, results_dir
 
 
+@pytest.mark.long
 def test_the_sweep_writes_an_adaptive_config_keyed_by_its_levels_from_the_best_points(adaptive_sweep):
     results, results_dir = adaptive_sweep
     config = json.loads((results_dir / "results-adaptive-config.json").read_text())
@@ -75,6 +76,7 @@ def test_the_sweep_writes_an_adaptive_config_keyed_by_its_levels_from_the_best_p
     )
 
 
+@pytest.mark.long
 def test_the_same_run_proves_the_adaptive_config_against_the_best_static_points(adaptive_sweep):
     results, _ = adaptive_sweep
     proof = results["proof"]
@@ -121,6 +123,7 @@ def host_files(lab, host) -> dict:
     return {"stat": proc.stdout, "server": json.loads(info.stdout) if info.returncode == 0 else info.stderr}
 
 
+@pytest.mark.long
 def test_deploy_brings_three_hosts_to_serve_the_sweeps_config_and_a_rollback_removes_it(lab, adaptive_sweep, tmp_path):
     _, results_dir = adaptive_sweep
     fleet = fleet_of(lab, 3)

@@ -559,7 +559,9 @@ class Engine:
         try:
             mode = self._admit(request, client_gone)
         except _AbortedWaiting:
-            final = self._chunk(request, [], start=0, end=0, finish_reason=dict(ABORT_FINISH_REASON), cached=0)
+            final = self._chunk(
+                request, [], start=0, end=0, finish_reason=dict(ABORT_FINISH_REASON), cached=0, logprobs=[]
+            )
             final["meta_info"]["e2e_latency"] = time.monotonic() - arrived
             return final
         phase = {"decoding": False}
