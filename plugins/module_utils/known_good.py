@@ -172,14 +172,7 @@ class KnownGoodStore:
     # ----- reading -----
 
     def read(self, which: str) -> dict | None:
-        path = os.path.join(self.snapshot_dir(which), MANIFEST)
-        data = read_bytes(path)
-        if data is None:
-            return None
-        try:
-            return json.loads(data)
-        except ValueError as exc:
-            raise SnapshotError(f"the {which} known-good manifest {path} is unreadable: {exc}") from exc
+        return _read_json(os.path.join(self.snapshot_dir(which), MANIFEST), f"the {which} known-good manifest")
 
     def info(self) -> dict:
         return {which: self.read(which) for which in SNAPSHOTS}
@@ -224,14 +217,7 @@ class KnownGoodStore:
     # ----- the reference -----
 
     def read_reference(self) -> dict | None:
-        path = os.path.join(self.root, REFERENCE)
-        data = read_bytes(path)
-        if data is None:
-            return None
-        try:
-            return json.loads(data)
-        except ValueError as exc:
-            raise SnapshotError(f"the reference {path} is unreadable: {exc}") from exc
+        return _read_json(os.path.join(self.root, REFERENCE), "the reference")
 
     def write_reference(self, reference: dict) -> str:
         """Record ``reference`` (replacing the one there was); returns its path."""
@@ -514,3 +500,14 @@ class KnownGoodStore:
             "manifest": manifest,
             "msg": f"{which} snapshot of {manifest.get('saved_at')}: {len(restored)} restored, {len(removed)} removed",
         }
+
+
+def _read_json(path: str, what: str) -> dict | None:
+    """The JSON document at ``path``; None when there is none; SnapshotError naming ``what`` when unreadable."""
+    data = read_bytes(path)
+    if data is None:
+        return None
+    try:
+        return json.loads(data)
+    except ValueError as exc:
+        raise SnapshotError(f"{what} {path} is unreadable: {exc}") from exc
