@@ -109,6 +109,19 @@ def spread(samples: list) -> dict:
     return {"median": percentile(values, 50), "low": min(values), "high": max(values), "samples": values}
 
 
+def _sender(pool: list, client_factory, options: dict):
+    """A request sender that takes an idle client from ``pool`` (a new one when none is idle) and gives it back."""
+
+    def send(prompt: str):
+        client = pool.pop() if pool else client_factory()
+        try:
+            return client.timed_generate(prompt, options["perf_max_new_tokens"], options["timeout"])
+        finally:
+            pool.append(client)
+
+    return send
+
+
 def fingerprint(client_factory, options: dict, speculative: bool) -> dict:
     """tok/s per concurrency, TTFT and ITL medians (and the accept length) at the lowest one; each over repeats."""
     samples: dict = {}
@@ -118,15 +131,7 @@ def fingerprint(client_factory, options: dict, speculative: bool) -> dict:
         clients = [client_factory() for _index in range(level)]
         for client in clients[1:]:
             client.prepare(clients[0])
-        pool = list(clients)
-
-        def send(prompt: str, pool=pool):
-            client = pool.pop() if pool else client_factory()
-            try:
-                return client.timed_generate(prompt, options["perf_max_new_tokens"], options["timeout"])
-            finally:
-                pool.append(client)
-
+        send = _sender(list(clients), client_factory, options)
         send(prompts[0])  # a warm-up the figures leave out
         for _repeat in range(options["repeats"]):
             results, duration = run_requests(send, prompts, level)

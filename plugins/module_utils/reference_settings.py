@@ -40,14 +40,14 @@ REFERENCE_SPEC = dict(
     accept=dict(type="bool", default=False),
     record_missing=dict(type="bool", default=True),
     prompts=dict(type="list", elements="str", default=DEFAULT_PROMPTS),
-    max_new_tokens=dict(type="int", default=48),
+    max_new_tokens=dict(type="int", default=48, no_log=False),
     logprob_tolerance=dict(type="float", default=0.1),
     speed_tolerance=dict(type="float", default=0.1),
     latency_floor_ms=dict(type="float", default=5.0),
     concurrency=dict(type="list", elements="int", default=[1, 4]),
     requests_per_user=dict(type="int", default=2),
     repeats=dict(type="int", default=3),
-    perf_max_new_tokens=dict(type="int", default=64),
+    perf_max_new_tokens=dict(type="int", default=64, no_log=False),
     timeout=dict(type="float", default=120.0),
 )
 

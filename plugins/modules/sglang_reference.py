@@ -29,7 +29,7 @@ attributes:
     description: Nothing on the server changes; there is no diff.
   idempotent:
     support: full
-    description: It never changes anything (RV(changed) is always false).
+    description: It never changes anything (C(changed) is always false).
 extends_documentation_fragment:
   - llmops.inference.sglang_server
 options:
@@ -68,7 +68,7 @@ options:
 seealso:
   - module: llmops.inference.sglang_restart
 author:
-  - llmops.inference contributors
+  - llmops.inference contributors (@llmops)
 """
 
 EXAMPLES = r"""
@@ -139,7 +139,7 @@ ARGUMENT_SPEC = dict(
     golden=dict(type="list", elements="dict"),
     known_good_root=dict(type="path"),
     prompts=dict(type="list", elements="str", default=DEFAULT_PROMPTS),
-    max_new_tokens=dict(type="int", default=48),
+    max_new_tokens=dict(type="int", default=48, no_log=False),
     logprob_tolerance=dict(type="float", default=0.1),
     timeout=dict(type="float", default=120.0),
 )

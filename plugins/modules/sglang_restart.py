@@ -302,7 +302,7 @@ options:
         in flight. It reads C(sglang:http_requests_active) (SGLang's live count of HTTP requests, until a stream's
         last byte), summed over every endpoint but C(/metrics), C(/health*), C(/ready) and C(/ping). Where the engine
         does not export it, it falls back to the scheduler's gauges C(sglang:num_running_reqs) and
-        C(sglang:num_queue_reqs), which lag and never prove the engine idle. The step's detail and RV(gateway.drain)
+        C(sglang:num_queue_reqs), which lag and never prove the engine idle. The step's detail and RV(gateway)
         say which it waited on. Either way the stop that follows waits for SGLang's own drain.
     type: float
     default: 120
@@ -360,7 +360,8 @@ options:
       accept:
         description:
           - Accept an intended change (a new model, a deliberate numerics change) - after a passing gate the
-            reference is measured and recorded anew, and RV(reference.status) says V(accepted); nothing is compared.
+            reference is measured and recorded anew, and the C(status) of RV(reference) says V(accepted); nothing is
+            compared.
         type: bool
         default: false
       record_missing:

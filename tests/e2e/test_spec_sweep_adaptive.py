@@ -78,7 +78,7 @@ def test_the_sweep_writes_an_adaptive_config_keyed_by_its_levels_from_the_best_p
 
 @pytest.mark.long
 def test_the_same_run_proves_the_adaptive_config_against_the_best_static_points(adaptive_sweep):
-    results, _ = adaptive_sweep
+    results, _results_dir = adaptive_sweep
     proof = results["proof"]
     assert proof["rounds"] == 2
     arms = {arm["arm"]: arm for arm in proof["arms"]}
@@ -125,7 +125,7 @@ def host_files(lab, host) -> dict:
 
 @pytest.mark.long
 def test_deploy_brings_three_hosts_to_serve_the_sweeps_config_and_a_rollback_removes_it(lab, adaptive_sweep, tmp_path):
-    _, results_dir = adaptive_sweep
+    _results, results_dir = adaptive_sweep
     fleet = fleet_of(lab, 3)
     proc, records = run(fleet, DEPLOY, tmp_path, "plain", EAGLE)
     assert proc.returncode == 0 and outcomes(records) == dict.fromkeys(fleet.hosts, "deployed"), output(proc)
@@ -150,7 +150,7 @@ def test_deploy_brings_three_hosts_to_serve_the_sweeps_config_and_a_rollback_rem
 
 def test_a_config_sglang_would_reject_is_refused_in_preflight_naming_the_entry(lab, tmp_path):
     fleet = fleet_of(lab, 1)
-    proc, _ = run(fleet, DEPLOY, tmp_path, "plain", EAGLE)
+    proc, _records = run(fleet, DEPLOY, tmp_path, "plain", EAGLE)
     assert proc.returncode == 0, output(proc)
     host = fleet.hosts[0]
     before = lab.exec(host, "ls -l --time-style=+%s /etc/systemd/system/sglang.service.d /etc/llmops; "
@@ -159,7 +159,8 @@ def test_a_config_sglang_would_reject_is_refused_in_preflight_naming_the_entry(l
         ({"1": {"candidate_steps": [3]}, "x4": {"candidate_steps": [2]}}, "entry 'x4': the key is not a batch size"),
         ({"1": {"candidate_steps": [3]}, "16": {"candidate_steps": []}}, "entry '16': candidate_steps must be"),
     ):
-        proc, _ = run(fleet, DEPLOY, tmp_path, "bad", dict(ADAPTIVE, sglang_service_speculative_adaptive_config=config))
+        bad = dict(ADAPTIVE, sglang_service_speculative_adaptive_config=config)
+        proc, _records = run(fleet, DEPLOY, tmp_path, "bad", bad)
         assert proc.returncode != 0 and named in proc.stdout, output(proc)
         after = lab.exec(host, "ls -l --time-style=+%s /etc/systemd/system/sglang.service.d /etc/llmops; "
                                "systemctl show -p MainPID --value sglang").stdout  # fmt: skip

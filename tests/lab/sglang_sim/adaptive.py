@@ -80,7 +80,7 @@ def load_config(path: str | None) -> tuple[dict, dict[int, dict]]:
 
 def candidate_steps_of(path: str | None) -> list[int]:
     """resolve_candidate_steps_from_config: the union of every entry's candidate steps."""
-    _, entries = load_config(path)
+    _knobs, entries = load_config(path)
     return sorted({step for entry in entries.values() for step in entry["candidate_steps"]})
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 GENERATE_HANG = "generate-hang"
@@ -93,6 +94,6 @@ def _number(name: str, spec: FaultSpec, raw: str) -> int | float:
         value = float(raw)
     except ValueError:
         value = float("nan")
-    if not value > 0 or value == float("inf"):
+    if math.isnan(value) or value <= 0 or value == float("inf"):
         raise ValueError(f"fault {name!r}: {raw!r} is not a number above 0")
     return value

@@ -84,7 +84,7 @@ class LanguageModel:
         if self._drifted(position):
             turn = 0
             while True:  # another token than the undrifted one
-                drifted, _ = self._choose(_digest(state + b"drift" + bytes([turn])), previous, position == 0)
+                drifted = self._choose(_digest(state + b"drift" + bytes([turn])), previous, position == 0)[0]
                 if token_id(drifted) != token_id(piece):
                     break
                 turn += 1

@@ -83,8 +83,8 @@ def test_step_slot_follows_sglangs_adaptive_step_slot(cfg):
     for initial in (0, 1, 3, 9):
         ours, theirs = adaptive.StepSlot(initial, cfg), real(initial, cfg)
         assert ours.current_steps == theirs.current_steps
-        for _ in range(300):
-            accepted = [rng.randint(0, max(theirs.current_steps, 0)) for _ in range(rng.randint(1, 8))]
+        for _batch in range(300):
+            accepted = [rng.randint(0, max(theirs.current_steps, 0)) for _request in range(rng.randint(1, 8))]
             changed = theirs.update(accepted)
             assert ours.update(sum(accepted) / len(accepted)) == changed
             assert ours.current_steps == theirs.current_steps
@@ -193,7 +193,7 @@ def run_verifies(eng: engine.Engine, running: int, verifies: int) -> None:
     """Advance the engine's scheduler by `verifies` verify steps with `running` requests decoding."""
     with eng._cond:
         eng._running = eng._decoding = running
-        for _ in range(verifies):
+        for _verify in range(verifies):
             steps = eng.config.adaptive.steps_for_batch(running)
             eng._adaptive_steps(eng.config.token_latency_s * eng._cost_at(steps, running))
 

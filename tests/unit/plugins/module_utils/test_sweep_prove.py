@@ -30,7 +30,8 @@ BEST = [
 STATIC = {"id": "s3-k1-d4", "steps": 3, "topk": 1, "draft_tokens": 4}
 
 
-def deploy(config=True, refused=None, static=STATIC):
+def deploy(config=True, refused=None, static=None):
+    static = STATIC if static is None else static
     return {
         "static": {"point": static},
         "adaptive": {"config": {"1": {"candidate_steps": [4]}} if config else None, "refused": refused},
