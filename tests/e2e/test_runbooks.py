@@ -13,7 +13,7 @@ import subprocess
 import pytest
 import yaml
 from gateway_lab import connect_hosts
-from labutil import DEPLOY, LAB_LAYER, PLAYBOOKS, REPO, fleet_of, output
+from labutil import DEPLOY, LAB_LAYER, PLAYBOOKS, REPO, fleet_of, output, recap
 from labutil import run_playbook as run
 from runbook_commands import SINGLE_NODE, TWO_NODE, commands, is_assignment
 
@@ -90,22 +90,23 @@ def failed(text: str, proc) -> str:
 
 
 def group_layer(lab, tmp_path):
-    """The runbook's group on the lab's first two hosts, with the runbook's group variables at the lab's size (2 GPUs
-    a host, tp_size 4, a short rendezvous wait), under the lab's group so that they override the lab's own; each host
-    hands its gate to the lab's play that applies the role (svc_test_result)."""
+    """The runbook's inventory on the lab's first two hosts: its group, under the lab's group, and its group variables
+    in group_vars/ (so that they override the lab's own, group_vars/ too) at the lab's size (2 GPUs a host, tp_size 4,
+    a short rendezvous wait); each host hands its gate to the lab's play that applies the role (svc_test_result)."""
     rank0, rank1 = lab.hosts[:2]
-    group = {
-        "hosts": {host: {"svc_test_result": str(tmp_path / f"gate-{host}.json")} for host in (rank0, rank1)},
-        "vars": {
-            "sglang_service_name": "sglang-deepseek",
-            "sglang_service_node_group": [rank0, rank1],
-            "sglang_service_tp_size": 4,
-            "sglang_service_gpus": [0, 1],
-            "sglang_service_dist_timeout": 60,
-        },
+    layer = tmp_path / "inventory"
+    (layer / "group_vars").mkdir(parents=True)
+    hosts = {host: {"svc_test_result": str(tmp_path / f"gate-{host}.json")} for host in (rank0, rank1)}
+    group = {"sglang_fleet": {"children": {"lab": {"children": {GROUP: {"hosts": hosts}}}}}}
+    (layer / "hosts.yml").write_text(yaml.safe_dump(group))
+    variables = {
+        "sglang_service_name": "sglang-deepseek",
+        "sglang_service_node_group": [rank0, rank1],
+        "sglang_service_tp_size": 4,
+        "sglang_service_gpus": [0, 1],
+        "sglang_service_dist_timeout": 60,
     }
-    layer = tmp_path / "group.yml"
-    layer.write_text(yaml.safe_dump({"sglang_fleet": {"children": {"lab": {"children": {GROUP: group}}}}}))
+    (layer / "group_vars" / f"{GROUP}.yml").write_text(yaml.safe_dump(variables))
     return layer
 
 
@@ -138,6 +139,8 @@ def test_every_command_of_the_two_node_runbook_runs_on_a_two_host_lab_group(clea
             proc = lab.exec(rank1 if EXAMPLE_RANKS[1] in command.text else rank0, text, timeout=300)
         said = proc.stdout + proc.stderr
         assert proc.returncode == 0 and not any(word in said for word in BROKEN), failed(text, proc)
+        if command.text.startswith("ansible-playbook"):  # a pattern that matches no host runs nothing and exits 0
+            assert {rank0, rank1} <= set(recap(proc)), failed(text, proc)
         ran.append(text)
     for step in STEPS:
         assert any(step in text for text in ran), f"no command of {TWO_NODE} runs {step.strip()}: {ran}"
