@@ -10,13 +10,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 RUNBOOKS = Path(__file__).resolve().parents[2] / "docs" / "runbooks"
-# The runbooks of single-node engines; two_node_engine.md needs a two-node inventory of its own.
+# The runbooks of single-node engines, and the one of a two-node engine (it needs a two-host group of its own).
 SINGLE_NODE = (
     "active_but_not_serving.md",
     "broken_patched_runtime.md",
     "gpu_needs_reset.md",
     "orphaned_gpu_holders.md",
 )
+TWO_NODE = "two_node_engine.md"
+ON_THE_LAB = (*SINGLE_NODE, TWO_NODE)
 BLOCK = re.compile(r"^( *)```sh\n(.*?)^\1```", re.MULTILINE | re.DOTALL)
 ON_LAB = "# on a lab host:"
 NOT_ON_LAB = "# not on a lab host:"

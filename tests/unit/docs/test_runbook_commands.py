@@ -15,11 +15,12 @@ _spec = importlib.util.spec_from_file_location("runbook_commands", PARSER)
 runbook_commands = importlib.util.module_from_spec(_spec)
 sys.modules.setdefault("runbook_commands", runbook_commands)  # its dataclass looks its module up there
 _spec.loader.exec_module(runbook_commands)
-# What lab hosts lack (docs/README.md, "Running a runbook on a lab host"): a command that needs it has a lab form.
-LAB_LACKS = ("curl ", "sglang==", "/proc/<pid>", "--gpu-reset", "/dev/nvidia")
+# What lab hosts lack (docs/README.md, "Running a runbook on a lab host"; nor do they ssh to one another): a command
+# that needs it has a lab form.
+LAB_LACKS = ("curl ", "ssh ", "sglang==", "/proc/<pid>", "--gpu-reset", "/dev/nvidia")
 
 
-@pytest.mark.parametrize("runbook", runbook_commands.SINGLE_NODE)
+@pytest.mark.parametrize("runbook", runbook_commands.ON_THE_LAB)
 def test_the_runbook_has_commands_and_each_that_a_lab_host_lacks_says_what_to_run_there(runbook):
     found = runbook_commands.commands(runbook)
     assert found, f"{runbook} has no sh block"
