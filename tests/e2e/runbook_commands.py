@@ -16,6 +16,7 @@ SINGLE_NODE = (
     "broken_patched_runtime.md",
     "gpu_needs_reset.md",
     "orphaned_gpu_holders.md",
+    "reference_gate_rollback.md",
 )
 TWO_NODE = "two_node_engine.md"
 ON_THE_LAB = (*SINGLE_NODE, TWO_NODE)
