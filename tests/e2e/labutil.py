@@ -13,7 +13,10 @@ import yaml
 # The probe gate's stability window in the lab's tests: a lab engine that is going to fail does so within a second
 # of its first /health 200, so 2 s refuses it as the role's 5 s default does on a real host. A test of that default
 # window passes role_default("sglang_service_probe_stability_window").
-LAB_GATE = {"sglang_service_probe_stability_window": 2}
+# The reference gate is off in every test but its own (test_reference_gate.py, and the runbooks' fleet, which the
+# reference gate's runbook reads): the tests change engine arguments on purpose (a speculative algorithm on, then off),
+# and the gate would rightly hold each slower change to the known-good's speed.
+LAB_GATE = {"sglang_service_probe_stability_window": 2, "sglang_service_reference": {"mode": "off"}}
 
 # The sglang_service role on a lab host: what differs from a real host is which module the unit launches, and
 # quicker timings. Budgets that a slow machine could outlast keep room for one at least twice as slow: the stop's

@@ -43,7 +43,9 @@ STEPS = (
 def fleet(lab, tmp_path_factory):
     lab.reset_used()
     fleet = fleet_of(lab, 2)
-    proc, _records = run(fleet, DEPLOY, tmp_path_factory.mktemp("runbooks"), "deploy", {"deploy_batch": "100%"})
+    # The reference gate at its defaults: its runbook reads the reference this deploy records.
+    deployed = {"deploy_batch": "100%", "sglang_service_reference": {}}
+    proc, _records = run(fleet, DEPLOY, tmp_path_factory.mktemp("runbooks"), "deploy", deployed)
     assert proc.returncode == 0, output(proc)
     yield fleet
     lab.reset()

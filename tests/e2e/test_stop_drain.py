@@ -128,7 +128,13 @@ def host(lab, tmp_path_factory):
 
 
 def since_now(lab, host: str) -> str:
-    return sh(lab, host, "date '+%Y-%m-%d %H:%M:%S'").strip()
+    """The host's next whole second, once its clock reached it: what the journal logs from then on is this test's
+    alone (``journalctl --since`` counts whole seconds, and the test before may have logged in the current one)."""
+    return sh(
+        lab,
+        host,
+        "now=$(date +%s); until [ \"$(date +%s)\" -gt \"$now\" ]; do sleep 0.05; done; date '+%Y-%m-%d %H:%M:%S'",
+    ).strip()
 
 
 def journal_since(lab, host: str, since: str) -> str:
@@ -186,7 +192,6 @@ def stop_began(lab, host: str, since: str) -> float:
 def test_requests_sent_just_before_a_restart_of_an_idle_engine_and_of_a_busy_one_all_complete(lab, host, tmp_path, how):
     tokens = 300
     mark = since_now(lab, host)
-    time.sleep(1)
     if how == "systemctl":
         restart = f"systemctl restart {UNIT}"
         idle, last_sent, began = burst(lab, host, tokens, "idle", restart)
@@ -251,7 +256,6 @@ def test_a_request_the_gauges_do_not_show_yet_is_not_cut(lab, host):
     )
     sh(lab, host, f"rm -f {out}; cat > /run/stop_single.py <<'PYEOF'\n{script}PYEOF")
     mark = since_now(lab, host)
-    time.sleep(1)
     sh(lab, host, f"(python3 /run/stop_single.py) </dev/null >/dev/null 2>&1 & sleep 0.1; systemctl restart {UNIT}")
     seen = json.loads(sh(lab, host, f"until [ -s {out} ]; do sleep 0.2; done; cat {out}", timeout=300))
     assert seen == {"done": True, "tokens": 300}, seen
@@ -295,7 +299,6 @@ def test_a_gateway_drained_restart_under_steady_load_loses_nothing(lab, host, tm
     assert join.ok, join.output
     assert join.gate()["gateway"]["in_gateways"] is True
     mark = since_now(lab, host)
-    time.sleep(1)
     out, stop = "/run/stop_gateway_load.json", "/run/stop_gateway_load.stop"
     # The load sends until the stop file exists (at most 180 s): both restarts run under it, then it ends.
     sh(
@@ -307,7 +310,7 @@ def test_a_gateway_drained_restart_under_steady_load_loses_nothing(lab, host, tm
     )
     # Two restarts under the load, each through the gateway drain.
     for attempt in (1, 2):
-        time.sleep(5)
+        sh(lab, host, f"python3 - <<'EOF'\n{RUNNING.replace('>= 16', '>= 1') % KEY}\nEOF", timeout=90)
         run = run_play(lab, tmp_path, host, "service_restart", BEHIND_GATEWAY, f"restart{attempt}")
         assert run.ok, run.output
         gate = run.gate()
@@ -356,7 +359,6 @@ def test_a_stream_that_outlives_the_drain_budget_is_aborted_not_cut_and_the_stop
     )
     sh(lab, host, f"rm -f {out}; cat > /run/stop_long.py <<'PYEOF'\n{script}PYEOF")
     mark = since_now(lab, host)
-    time.sleep(1)
     sh(lab, host, "(python3 /run/stop_long.py) </dev/null >/dev/null 2>&1 &")
     sh(lab, host, f"python3 - <<'EOF'\n{RUNNING.replace('>= 16', '>= 1') % KEY}\nEOF", timeout=90)
     sh(lab, host, f"systemctl restart {UNIT}", timeout=600)
