@@ -132,7 +132,7 @@ def since_now(lab, host: str) -> str:
     return sh(
         lab,
         host,
-        "now=$(date +%s); until [ \"$(date +%s)\" -gt \"$now\" ]; do sleep 0.05; done; date '+%Y-%m-%d %H:%M:%S'",
+        'now=$(date +%s); until [ "$(date +%s)" -gt "$now" ]; do sleep 0.05; done; date \'+%Y-%m-%d %H:%M:%S\'',
     ).strip()
 
 
