@@ -263,6 +263,13 @@ def run_playbook(lab, playbook, tmp_path, name, extra=None, inventories=()):
     return proc, records
 
 
+def batch_ran(proc) -> bool:
+    """Whether the play of the batches ran a task (a run refused at preflight plays it with no hosts)."""
+    if "one batch at a time" not in proc.stdout:
+        return False
+    return "TASK [" in proc.stdout.split("one batch at a time", 1)[1].split("PLAY [", 1)[0]
+
+
 def output(proc) -> str:
     return f"rc={proc.returncode}\n{proc.stdout[-8000:]}\n{proc.stderr[-2000:]}"
 

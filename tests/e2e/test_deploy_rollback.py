@@ -24,6 +24,7 @@ from labutil import (
     REPO,
     ROLLBACK,
     VENV_PYTHON,
+    batch_ran,
     fleet_of,
     main_pid,
     outcomes,
@@ -68,13 +69,6 @@ def wait_until(predicate, timeout, what):
     while not predicate():
         assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
         time.sleep(0.2)
-
-
-def batch_ran(proc) -> bool:
-    """Whether the play of the batches ran a task (a run refused at preflight plays it with no hosts)."""
-    if "one batch at a time" not in proc.stdout:
-        return False
-    return "TASK [" in proc.stdout.split("one batch at a time", 1)[1].split("PLAY [", 1)[0]
 
 
 def seeded(seed: str) -> dict:

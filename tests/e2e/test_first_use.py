@@ -23,6 +23,7 @@ from labutil import (
     LAB_LAYER,
     REPO,
     ROLLBACK,
+    batch_ran,
     fleet_of,
     known_good,
     main_pid,
@@ -158,7 +159,7 @@ def test_a_role_variable_of_the_wrong_type_or_range_fails_in_preflight_naming_it
     before = {host: host_state(deployed, host) for host in deployed.hosts}
     proc, _records = run(deployed, DEPLOY, tmp_path, "bad_variable", {"deploy_batch": "100%", **variables})
     assert proc.returncode != 0 and message in proc.stdout, output(proc)
-    assert "one batch at a time" not in proc.stdout, "the deploy got past its preflight"
+    assert not batch_ran(proc), "the deploy got past its preflight"
     assert "assertion" not in proc.stdout, output(proc)
     assert {host: host_state(deployed, host) for host in deployed.hosts} == before
 
@@ -174,7 +175,7 @@ def test_a_typo_in_a_role_variable_is_named_with_the_variable_meant(deployed, tm
     proc, _records = run(deployed, DEPLOY, tmp_path, "typo_strict", strict)
     assert proc.returncode != 0, output(proc)
     assert "sglang_service_drain_timout (did you mean sglang_service_drain_timeout?)" in proc.stdout, output(proc)
-    assert "one batch at a time" not in proc.stdout, "the deploy got past its preflight"
+    assert not batch_ran(proc), "the deploy got past its preflight"
     assert {host: host_state(deployed, host) for host in deployed.hosts} == before
 
 
@@ -194,7 +195,7 @@ def test_a_missing_patch_file_fails_before_the_first_of_two_batches(deployed, tm
     proc, _records = run(deployed, DEPLOY, tmp_path, "missing_patch", knobs, inventories=(layer,))
     assert proc.returncode != 0, output(proc)
     assert f"not found on the controller: {missing}" in proc.stdout, output(proc)
-    assert "one batch at a time" not in proc.stdout, "the deploy got past its preflight"
+    assert not batch_ran(proc), "the deploy got past its preflight"
     assert {host: host_state(deployed, host) for host in deployed.hosts} == before
 
 

@@ -193,7 +193,11 @@ def test_a_deploy_that_makes_one_host_slower_rolls_it_back_and_stops_with_the_ch
 
 
 SWEEP_VARS = {
-    **{key: value for key, value in SWEEP_ROLE_VARS.items() if not key.startswith("sglang_service_speculative")},
+    **{
+        key: value
+        for key, value in SWEEP_ROLE_VARS.items()
+        if not key.startswith(("sglang_service_speculative", "sglang_service_reference"))
+    },
     "sglang_service_name": "sglang-lossless",
     # The base runs no speculation (its outputs are the golden ones); at 3 steps the draft is not lossless.
     "sglang_service_speculative_algorithm": "",

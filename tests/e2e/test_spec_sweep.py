@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import pytest
+from labutil import LAB_GATE
 
 pytestmark = pytest.mark.lab
 
@@ -46,6 +47,8 @@ ROLE_VARS = {
     "sglang_service_scheduler_exit_sec": 2,
     "sglang_service_stop_margin_sec": 10,
     "sglang_service_restart_sec": 2,
+    # The sweep's points change the engine's speed on purpose: the reference gate is tested on its own.
+    "sglang_service_reference": LAB_GATE["sglang_service_reference"],
     "sglang_service_lock_timeout": 150,
     "sglang_service_extra_args": [
         "--sim-load-time", "1",
