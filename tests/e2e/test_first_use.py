@@ -204,7 +204,8 @@ def test_the_deploy_that_waited_for_the_lock_reports_the_engine_that_runs(deploy
     one = fleet_of(deployed, 1)
     # Both runs pass their preflight while the lock is held by hand, so both see the engine before either restarts it;
     # one then restarts it, and the other, which waited, finds nothing to change.
-    take = {"path": LOCK_FILE, "owner": {"play": "test"}, "lease": 600}
+    # Taken by an ad-hoc call, whose run ends at once: a lock that nobody renews, held for its margin.
+    take = {"path": LOCK_FILE, "owner": {"play": "test"}, "keep": False, "renew_margin": 600}
     held = deployed.module(host, "llmops.inference.host_lock", take)
     assert held.get("token"), held
     change = {**seeded(fresh_seed()), "sglang_service_lock_timeout": 600}
