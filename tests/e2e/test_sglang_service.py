@@ -62,7 +62,8 @@ def test_fresh_host_serves_quoted_arguments_and_a_rerun_changes_nothing(clean_la
     unit = sh(clean_lab, host, f"cat /etc/systemd/system/{UNIT}")
     for line in (
         "KillMode=control-group",
-        "TimeoutStopSec=22",  # drain 5 s + SGLang's drain check 5 s + scheduler exit 2 s + margin 10 s
+        # drain 5 s + SGLang's drain check 5 s + scheduler exit 2 s + shutdown tail 10 s + margin 10 s
+        "TimeoutStopSec=32",
         "Restart=on-failure",
         "StartLimitBurst=3",
         f"EnvironmentFile=/etc/llmops/{NAME}.env",
@@ -73,7 +74,7 @@ def test_fresh_host_serves_quoted_arguments_and_a_rerun_changes_nothing(clean_la
         assert line in unit
     assert "ExecStartPre=" in unit and "gpu-free --gpus 0,1" in unit
     assert "ExecStartPost=" in unit and "ready --url http://127.0.0.1:30000/health" in unit
-    assert "ExecStop=" in unit and "drain --url http://127.0.0.1:30000 --timeout 12" in unit
+    assert "ExecStop=" in unit and "drain --url http://127.0.0.1:30000 --timeout 5 --tail 17" in unit
     assert "s3cret" not in unit
     assert sh(clean_lab, host, f"stat -c %a /etc/llmops/{NAME}.env").strip() == "600"
     # The key reaches the engine through the --config file, byte for byte, and never its command line.
