@@ -41,9 +41,8 @@ ROLE_VARS = {
     "sglang_service_speculative_num_steps": 3,
     "sglang_service_speculative_eagle_topk": 1,
     # A stop budget of 32 s (drain 5 s + SGLang's drain check 5 s + scheduler exit 2 s + shutdown tail 10 s + margin
-    # 10 s), as in
-    # labutil.SERVICE_LAB_VARS: a level's requests have all ended before the next point restarts the engine, a
-    # hung engine is killed 32 s into its stop instead of 45 s, and a machine twice as slow still stops in time.
+    # 10 s), as in labutil.SERVICE_LAB_VARS: a level's requests have all ended before the next point restarts the
+    # engine, and a machine twice as slow still stops in time.
     "sglang_service_drain_timeout": 5,
     "sglang_service_scheduler_exit_sec": 2,
     "sglang_service_stop_margin_sec": 10,
