@@ -243,9 +243,12 @@ FORCE_REINSTALL = (
 def fleet_of(lab, count: int):
     """The lab's first ``count`` hosts as a fleet of their own: ``run_playbook`` deploys and rolls back only them.
 
-    The caller resets the whole lab when it is done (``lab.reset()``)."""
+    The caller resets the whole lab when it is done (``lab.reset()``). The fleet shares the lab's record of the hosts
+    used, so that a ``clean_lab`` test after it, in the same module, finds them blank."""
     assert len(lab.hosts) >= count, f"this fleet needs {count} lab hosts, the lab has {len(lab.hosts)}"
-    return type(lab)(lab.name, lab.inventory, lab.hosts[:count])
+    fleet = type(lab)(lab.name, lab.inventory, lab.hosts[:count])
+    fleet.used = lab.used
+    return fleet
 
 
 def run_playbook(lab, playbook, tmp_path, name, extra=None, inventories=()):
