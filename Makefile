@@ -26,7 +26,7 @@ MOLECULE_LAB ?= mol
 export ANSIBLE_COLLECTIONS_PATH := $(COLLECTIONS)
 export PATH := $(BIN):$(PATH)
 
-.PHONY: help deps venv collection-link lint ruff ansible-lint sanity units e2e molecule test demo demo-down \
+.PHONY: help deps venv collection-link lint ruff ansible-lint sanity units e2e e2e-long molecule test demo demo-down \
         lab-wheels lab-up lab-down lab-image bench docs build clean
 
 help: ## List the targets
@@ -85,7 +85,10 @@ e2e: deps venv collection-link ## End-to-end tests on lab hosts (root); E2E_WORK
 	# their number of tests). Record new durations with: make e2e E2E_ARGS=--record-durations (tests/README.md).
 	LLMOPS_LAB_GPUS=4 $(PYTHON) -m pytest -q -p no:cacheprovider --durations 15 \
 	  -n $(E2E_WORKERS) --dist loadfile --no-loadscope-reorder $(E2E_ARGS) \
-	  tests/e2e tests/lab/tests -m 'lab and not bench'
+	  tests/e2e tests/lab/tests -m 'lab and not bench and not long'
+
+e2e-long: deps venv collection-link ## The lab acceptance runs too long for make test (a whole sweep with its proof), one lab
+	LLMOPS_LAB_GPUS=4 $(PYTHON) -m pytest -q -p no:cacheprovider -m 'lab and long' tests/e2e
 
 molecule: deps venv collection-link ## Molecule scenarios on lab hosts (root); MOLECULE_WORKERS side by side
 	# `molecule test -s NAME` for each scenario, side by side, each on hosts of its own of one lab that
@@ -124,7 +127,7 @@ demo-down: venv ## Remove the demo lab
 	$(LAB) down --name $(DEMO_LAB)
 
 # What `make bench` measures; a part of them with LLMOPS_BENCH_RUN=<run> adds to that run (at the same commit).
-BENCH_TESTS ?= tests/e2e/test_bench.py tests/e2e/test_bench_sweep.py tests/e2e/test_bench_fleet.py
+BENCH_TESTS ?= tests/e2e/test_bench.py tests/e2e/test_bench_sweep.py tests/e2e/test_bench_fleet.py tests/e2e/test_bench_reference.py
 bench: deps venv collection-link ## Benchmarks on a 12-host lab (5 runs, about 3 h): raw data to docs/performance/, then docs/performance.md
 	@run=$${LLMOPS_BENCH_RUN:-$$(date -u +%Y%m%dT%H%M%SZ)}; status=0; \
 	LLMOPS_BENCH_RUN=$$run LLMOPS_LAB_NAME=$(BENCH_LAB) LLMOPS_LAB_HOSTS=12 \

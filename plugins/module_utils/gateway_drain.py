@@ -10,12 +10,14 @@ Private to the llmops.inference collection; not a public API.
   worker's model, then removes the worker from every replica and waits until none routes to it (each lists it
   no more, or as draining: smg drops a removed worker from its list about 5 s after it stops routing to it, and
   what is still in flight is the engine's to tell, below);
-- :meth:`GatewayDrain.wait_idle` waits while the engine's own ``/metrics`` reports requests running or queued, at
-  most the drain budget. The gauges say "busy" reliably but never "idle": SGLang publishes them every
-  ``decode_log_interval`` decode steps, without the batch just admitted and without requests still in the
-  tokenizer. So this wait only lets the busy part pass while the engine is fully up; what the gauges miss is
-  drained by SGLang itself during the stop (the unit's ExecStop waits for the main process's own drain, which
-  counts every request it holds);
+- :meth:`GatewayDrain.wait_idle` waits while the engine's own ``/metrics`` reports requests in flight, at most the
+  drain budget, read by module_utils/in_flight.py: ``sglang:http_requests_active`` summed over every endpoint but
+  the probes' own, which counts each HTTP request from before its handler until its last streamed byte (live);
+  where the engine does not export it, the scheduler's gauges, which say "busy" reliably but never "idle" (SGLang
+  publishes them every ``decode_log_interval`` decode steps, without the batch just admitted and without
+  requests still in the tokenizer). The detail says which it waited on. What the wait misses is drained by SGLang
+  itself during the stop (the unit's ExecStop waits for the main process's own drain, which counts every request
+  it holds);
 - :meth:`GatewayDrain.rejoin` adds the worker to every replica that can be used (where the removal is still
   draining, once its old entry is gone) and waits until each reports it healthy. A replica that cannot be used
   never keeps the worker out of the others.
@@ -47,8 +49,8 @@ from ansible_collections.llmops.inference.plugins.module_utils.gateway import (
     RemovalRefused,
 )
 from ansible_collections.llmops.inference.plugins.module_utils.gateway_client import GatewayError
+from ansible_collections.llmops.inference.plugins.module_utils.in_flight import HTTP_REQUESTS_ACTIVE, InFlight
 
-IN_FLIGHT_METRICS = ("sglang:num_running_reqs", "sglang:num_queue_reqs")
 DRAIN_POLL_S = 0.2
 
 
@@ -67,13 +69,6 @@ class DrainSettings:
     wait_timeout: float = 120.0
     validate_certs: bool = True
     unreachable: str = UNREACHABLE_FAIL
-
-
-def in_flight(samples: dict) -> tuple | None:
-    """``(running, queued)`` summed over every sample of each metric; None when neither is exported."""
-    if not any(samples.get(name) for name in IN_FLIGHT_METRICS):
-        return None
-    return tuple(int(sum(value for _labels, value in samples.get(name) or ())) for name in IN_FLIGHT_METRICS)
 
 
 class GatewayDrain:
@@ -158,38 +153,64 @@ class GatewayDrain:
     def wait_idle(self) -> tuple:
         """Wait while the engine's /metrics reports requests in flight; ``(idle, detail)``.
 
-        ``idle`` only says the gauges read 0 running and 0 queued: the stop that follows waits for SGLang's own
-        drain, which answers what the gauges do not show.
+        ``scrape()`` returns an :class:`InFlight` (module_utils/in_flight.py) or None. ``idle`` says the count read
+        0: with ``sglang:http_requests_active`` no HTTP request was open then; with the scheduler's gauges only that
+        they read 0 running and 0 queued. The stop that follows waits for SGLang's own drain either way.
         """
         budget = self.settings.drain_timeout
         started = self.clock()
         deadline = started + budget
-        later = "; the stop waits for SGLang's own drain of what they do not show"
         while True:
             last = self.scrape()
             if last is None:
                 # No /metrics (the engine does not run, or exports none): the stop's own drain is all there is.
-                return self._drained(True, started, None, "the engine's /metrics did not answer" + later)
-            if last == (0, 0):
                 return self._drained(
-                    True, started, last, "the engine's gauges show no running and no queued request" + later
+                    True,
+                    started,
+                    None,
+                    "the engine's /metrics did not answer; the stop waits for SGLang's own drain of what is in flight",
                 )
+            if last.idle:
+                return self._drained(True, started, last, self._idle_text(last))
             now = self.clock()
             if now >= deadline:
-                running, queued = last
                 return self._drained(
                     False,
                     started,
                     last,
-                    f"drain budget of {budget:g} s ended with {running} running and {queued} queued request(s) "
-                    "on the engine; the stop waits for SGLang's own drain",
+                    f"drain budget of {budget:g} s ended with {self._count_text(last)} on the engine; the stop "
+                    "waits for SGLang's own drain",
                 )
             self.sleep(min(DRAIN_POLL_S, max(deadline - now, 0.0)))
 
-    def _drained(self, idle: bool, started: float, last, detail: str) -> tuple:
+    @staticmethod
+    def _idle_text(last: InFlight) -> str:
+        if last.live:
+            return (
+                f"waited on {HTTP_REQUESTS_ACTIVE}: no HTTP request in flight on the engine; the stop waits for "
+                "SGLang's own drain of any that arrives meanwhile"
+            )
+        return (
+            f"waited on the scheduler gauges ({HTTP_REQUESTS_ACTIVE} not exported): no running and no queued "
+            "request; the stop waits for SGLang's own drain of what they do not show"
+        )
+
+    @staticmethod
+    def _count_text(last: InFlight) -> str:
+        if last.live:
+            return f"{last.requests} HTTP request(s) in flight ({HTTP_REQUESTS_ACTIVE})"
+        return f"{last.running} running and {last.queued} queued request(s) (scheduler gauges)"
+
+    def _drained(self, idle: bool, started: float, last: InFlight | None, detail: str) -> tuple:
         waited = round(self.clock() - started, 3)
-        running, queued = last if last is not None else (None, None)
-        self.state["drain"] = {"idle": idle, "waited_s": waited, "running": running, "queued": queued}
+        self.state["drain"] = {
+            "idle": idle,
+            "waited_s": waited,
+            "source": last.source if last is not None else None,
+            "requests": last.requests if last is not None else None,
+            "running": last.running if last is not None else None,
+            "queued": last.queued if last is not None else None,
+        }
         return idle, f"{detail} (after {waited:g} s)"
 
     # -- back in ------------------------------------------------------------------------------------------

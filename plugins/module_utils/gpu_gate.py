@@ -22,6 +22,7 @@ few decode steps and miss requests just admitted or still being tokenized, so th
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import signal
@@ -33,6 +34,7 @@ from urllib.parse import urlsplit
 
 from ansible_collections.llmops.inference.plugins.module_utils.gpu import GpuQueryError, select_gpus
 from ansible_collections.llmops.inference.plugins.module_utils.gpu_query import BACKENDS, query_gpus
+from ansible_collections.llmops.inference.plugins.module_utils.in_flight import InFlight, in_flight_of_text
 from ansible_collections.llmops.inference.plugins.module_utils.procs import read_process, wait_for
 
 EXIT_PASS = 0
@@ -46,8 +48,9 @@ READY_POLL_INTERVAL = 0.1
 DRAIN_POLL_INTERVAL = 0.1
 DRAIN_LOG_INTERVAL = 2.0
 METRICS_REQUEST_TIMEOUT = 2.0
-IN_FLIGHT_METRICS = ("sglang:num_running_reqs", "sglang:num_queue_reqs")
-_SAMPLE = re.compile(r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{[^}]*\})?\s+(?P<value>\S+)")
+ABORT_REQUEST_TIMEOUT = 5.0
+# The key in SGLang's --config file (the role's sglang.yaml: `api-key: "<JSON string>"`).
+_CONFIG_API_KEY = re.compile(r"^api-key:\s*(?P<value>.+?)\s*$")
 PROG = "llmops-gate"
 
 
@@ -184,32 +187,56 @@ def wait_ready(url: str, timeout: float, main_pid: int | None = None, *, host: G
     return False, f"{url} not healthy within {timeout:g} s (last answer: {last['reason']})"
 
 
-def in_flight(metrics_text: str) -> tuple | None:
-    """``(running, queued)`` requests summed over every series of SGLang's gauges, or None when /metrics has
-    neither (metrics off, or not an SGLang server)."""
-    totals = {}
-    for line in metrics_text.splitlines():
-        match = _SAMPLE.match(line)
-        if match and match.group("name") in IN_FLIGHT_METRICS:
-            try:
-                value = float(match.group("value"))
-            except ValueError:
-                continue
-            totals[match.group("name")] = totals.get(match.group("name"), 0.0) + value
-    if not totals:
-        return None
-    return tuple(int(totals.get(name, 0.0)) for name in IN_FLIGHT_METRICS)
-
-
-def scrape_in_flight(url: str, getter=http_get) -> tuple | None:
-    """In-flight requests from ``url``/metrics; None when it cannot be read."""
+def scrape_in_flight(url: str, getter=http_get) -> InFlight | None:
+    """What ``url``/metrics says is in flight (in_flight.py); None when it cannot be read or has no such figure."""
     try:
         status, body = getter(url.rstrip("/") + "/metrics", METRICS_REQUEST_TIMEOUT)
     except (OSError, HTTPException):
         return None
     if status != 200:
         return None
-    return in_flight(body.decode("utf-8", "replace"))
+    return in_flight_of_text(body.decode("utf-8", "replace"))
+
+
+def abort_all(url: str, api_key: str | None, timeout: float = ABORT_REQUEST_TIMEOUT) -> str | None:
+    """``POST url/abort_request {"abort_all": true}`` with the key; None when SGLang accepted it (200), else why not."""
+    parts = urlsplit(url.rstrip("/") + "/abort_request")
+    connection_class = HTTPSConnection if parts.scheme == "https" else HTTPConnection
+    headers = {"content-type": "application/json"}
+    if api_key:
+        headers["authorization"] = f"Bearer {api_key}"
+    connection = connection_class(parts.hostname, parts.port, timeout=timeout)
+    try:
+        connection.request("POST", parts.path, json.dumps({"abort_all": True}), headers)
+        status = connection.getresponse().status
+    except (OSError, HTTPException) as exc:
+        return str(exc) or type(exc).__name__
+    finally:
+        connection.close()
+    return None if status == 200 else f"HTTP {status}"
+
+
+def config_api_key(path: str | None) -> str | None:
+    """The ``api-key`` of SGLang's --config file at ``path`` (None without one). Raises ValueError when the file
+    cannot be read or its key is not a JSON string: the stop would not be able to abort."""
+    if not path:
+        return None
+    try:
+        with open(path, encoding="utf-8") as handle:
+            lines = handle.read().splitlines()
+    except OSError as exc:
+        raise ValueError(f"--config {path}: {exc.strerror or exc}") from None
+    for line in lines:
+        match = _CONFIG_API_KEY.match(line)
+        if match:
+            try:
+                value = json.loads(match.group("value"))
+            except ValueError:
+                value = None
+            if not isinstance(value, str):
+                raise ValueError(f"--config {path}: api-key is not a quoted string")
+            return value or None
+    return None
 
 
 @dataclass
@@ -225,6 +252,8 @@ class GateHost:
     getter: object = http_status
     scrape: object = scrape_in_flight
     kill: object = os.kill
+    abort: object = abort_all
+    api_key: str | None = None
 
 
 def _alive(pid: int, proc_root: str) -> bool:
@@ -232,43 +261,106 @@ def _alive(pid: int, proc_root: str) -> bool:
     return proc is not None and proc.is_alive
 
 
-def drain(pid: int, url: str | None, timeout: float, *, host: GateHost | None = None, log=None) -> tuple:
+@dataclass(frozen=True)
+class StopBudget:
+    """The ExecStop's wait: ``drain`` seconds for SGLang's own drain, then ``tail`` more for its shutdown after the
+    last request (its next 5 s drain check, the schedulers' exit after ShutdownReq, the watchdog join, the reaping
+    of the tree and uvicorn's shutdown); the tail also follows an abort at the end of the drain budget."""
+
+    drain: float
+    tail: float = 0.0
+
+
+def drain(
+    pid: int,
+    url: str | None,
+    budget,
+    *,
+    host: GateHost | None = None,
+    log=None,
+) -> tuple:
     """SIGTERM the main process ``pid`` alone and wait until it exits; return ``(drained, message)``.
 
-    Drained: the process exited (SGLang's own drain finished). Not drained: ``timeout`` seconds passed. Every
-    DRAIN_LOG_INTERVAL seconds ``log(text)`` is told what ``url``/metrics reports in flight when that changed;
-    the figures never end the wait.
+    ``budget``: a :class:`StopBudget` (a number: a drain budget with no tail). Drained: the process exited. Every
+    DRAIN_LOG_INTERVAL seconds ``log(text)`` is told what ``url``/metrics reports in flight when that changed
+    (naming the figure read); the figures never end the wait. When ``budget.drain`` seconds pass with the process
+    alive and requests left (or none known), every request is aborted through ``url`` and the wait goes on for
+    ``budget.tail`` seconds; when the abort is refused or unanswered, or there is no ``url``, the wait ends there.
+    An engine that read no HTTP request left gets the tail without an abort. The abort sends ``host.api_key``.
     """
     host = host or GateHost()
-    kill, scrape, proc_root, clock = host.kill, host.scrape, host.proc_root, host.clock
+    budget = budget if isinstance(budget, StopBudget) else StopBudget(float(budget))
+    clock = host.clock
     log = log or (lambda text: None)
     started = clock()
-    if pid <= 0 or not _alive(pid, proc_root):
+    if pid <= 0 or not _alive(pid, host.proc_root):
         return True, "no main process to drain"
     try:
-        kill(pid, signal.SIGTERM)
+        host.kill(pid, signal.SIGTERM)
     except ProcessLookupError:
         return True, f"main process {pid} already gone"
-    deadline = started + timeout
-    last, next_log = None, started
-    while True:
-        if not _alive(pid, proc_root):
-            return True, f"main process {pid} exited after {clock() - started:.1f} s"
-        now = clock()
-        if url and now >= next_log:
-            counts = scrape(url)
-            shown = "no /metrics" if counts is None else f"{counts[0]} running, {counts[1]} queued"
-            if shown != last:
-                log(f"draining main process {pid}: {shown}")
-                last = shown
-            next_log = now + DRAIN_LOG_INTERVAL
-        if now >= deadline:
-            return False, (
-                f"main process {pid} still draining after the budget of {timeout:g} s"
-                + (f" (last seen: {last})" if last else "")
-                + "; systemd stops the rest of the unit"
-            )
-        host.sleep(min(DRAIN_POLL_INTERVAL, deadline - now))
+    watch = _DrainWatch(pid, url, host, log, started)
+    if watch.wait_exit(started + budget.drain):
+        return True, f"main process {pid} exited after {clock() - started:.1f} s"
+    seen = f" (last seen: {watch.last})" if watch.last else ""
+    spent = f"main process {pid} still draining after the budget of {budget.drain:g} s{seen}"
+    aborted, refused = _abort_what_is_left(url, host, spent, budget.tail, log)
+    if refused is not None:
+        return False, refused
+    if watch.wait_exit(clock() + budget.tail):
+        return True, f"main process {pid} exited after {clock() - started:.1f} s{aborted}"
+    return False, (
+        f"main process {pid} still running {clock() - started:.1f} s after the SIGTERM{aborted}; systemd stops the "
+        "rest of the unit"
+    )
+
+
+def _abort_what_is_left(url: str | None, host: GateHost, spent: str, tail: float, log) -> tuple:
+    """At the end of the drain budget: ``(aborted, refused)``; ``aborted`` the words for the final message when
+    every request was aborted, ``refused`` the final message when the wait ends here (no URL, abort not accepted)."""
+    reading = host.scrape(url) if url else None
+    if reading is not None and reading.live and reading.idle:
+        log(f"{spent}; no HTTP request left: waiting up to {tail:g} s for SGLang's shutdown")
+        return "", None
+    if not url:
+        return "", f"{spent}; systemd stops the rest of the unit"
+    failed = host.abort(url, host.api_key)
+    if failed is not None:
+        return "", (
+            f"{spent}; POST /abort_request failed ({failed}): the engine is not answering, systemd stops the rest "
+            "of the unit"
+        )
+    log(
+        f"{spent}; aborted every request (POST /abort_request abort_all): waiting up to {tail:g} s for SGLang's "
+        "shutdown"
+    )
+    return ", its requests aborted at the end of the drain budget", None
+
+
+class _DrainWatch:
+    """Polls the main process for its exit and logs what /metrics reports in flight when that changes."""
+
+    def __init__(self, pid: int, url: str | None, host: GateHost, log, started: float):
+        self.pid, self.url, self.host, self.log = pid, url, host, log
+        self.last = None
+        self.next_log = started
+
+    def wait_exit(self, deadline: float) -> bool:
+        host = self.host
+        while True:
+            if not _alive(self.pid, host.proc_root):
+                return True
+            now = host.clock()
+            if self.url and now >= self.next_log:
+                reading = host.scrape(self.url)
+                shown = "no in-flight figure on /metrics" if reading is None else reading.describe()
+                if shown != self.last:
+                    self.log(f"draining main process {self.pid}: {shown}")
+                    self.last = shown
+                self.next_log = now + DRAIN_LOG_INTERVAL
+            if now >= deadline:
+                return False
+            host.sleep(min(DRAIN_POLL_INTERVAL, deadline - now))
 
 
 def _pid(text: str) -> int:
@@ -299,8 +391,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     stop = modes.add_parser("drain", help="SIGTERM the main process alone, wait until it exited (ExecStop)")
     stop.add_argument("--pid", type=_pid, required=True, help="the main process (${MAINPID})")
-    stop.add_argument("--url", default=None, help="the server's base URL; its /metrics is logged while it drains")
-    stop.add_argument("--timeout", type=float, required=True, help="the longest wait for the exit, in seconds")
+    stop.add_argument(
+        "--url",
+        default=None,
+        help="the server's base URL: its /metrics is logged while it drains, and requests left at the end of the "
+        "drain budget are aborted there",
+    )
+    stop.add_argument("--timeout", type=float, required=True, help="the drain budget, in seconds")
+    stop.add_argument(
+        "--tail", type=float, default=0.0, help="seconds more for SGLang's shutdown after its last request or an abort"
+    )
+    stop.add_argument("--config", default=None, help="SGLang's --config file, whose api-key the abort sends")
     return parser
 
 
@@ -313,7 +414,13 @@ def main(argv=None, stdout=sys.stdout, stderr=sys.stderr) -> int:
             )
         elif args.mode == "drain":
             # A spent budget is not an error of the stop: systemd goes on to stop the rest of the group.
-            _drained, message = drain(args.pid, args.url, args.timeout, log=lambda text: _say(stdout, text))
+            _drained, message = drain(
+                args.pid,
+                args.url,
+                StopBudget(args.timeout, args.tail),
+                host=GateHost(api_key=config_api_key(args.config)),
+                log=lambda text: _say(stdout, text),
+            )
             stdout.write(f"{PROG} drain: {message}\n")
             return EXIT_PASS
         else:

@@ -20,7 +20,8 @@ Each of these is refused here, one line per GPU and reason:
 - memory held by a process outside the unit's reach. In reach are the processes in the unit's cgroup (the engine
   and its leftovers) and orphans titled ``^sglang::`` outside every running unit: the restart chain reaps both.
   A holder that this host's /proc does not show is either of another PID namespace or one that exited after the
-  listing (a scheduler of a unit that restarts); it is refused only while the GPUs, listed again, still show it.
+  listing (a scheduler of a unit that restarts); while the GPUs, listed again, still show it, the host cannot see
+  the driver's PIDs and is refused as pid_namespace.py says (as is a container host, unless its PIDs are visible).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 
 from ansible_collections.llmops.inference.plugins.module_utils.gpu import Gpu, GpuQueryError, select_gpus
 from ansible_collections.llmops.inference.plugins.module_utils.gpu_query import query_gpus
+from ansible_collections.llmops.inference.plugins.module_utils.pid_namespace import Unseen, detect_container, refusal
 from ansible_collections.llmops.inference.plugins.module_utils.procs import is_orphan, read_process, wait_for
 from ansible_collections.llmops.inference.plugins.module_utils.systemd import (
     SystemdError,
@@ -172,6 +174,8 @@ class GpuListContext:
     proc_root: str = "/proc"
     relist: object = None
     relist_timeout: float = EXITED_HOLDER_WAIT_S
+    container: str | None = None  # what systemd-detect-virt --container named
+    pids_visible: bool = False  # the operator says the driver's PIDs are this host's
 
 
 class GpuListCheck:
@@ -188,6 +192,8 @@ class GpuListCheck:
         self.proc_root = context.proc_root
         self.relist = context.relist
         self.relist_timeout = context.relist_timeout
+        self.container = context.container
+        self.pids_visible = context.pids_visible
         self.verdict = Verdict()
         self.doubtful = []
 
@@ -238,7 +244,10 @@ class GpuListCheck:
             )
         for gpu in verdict.devices:
             self._check_holders(gpu)
-        self._judge_doubtful_holders()
+        unseen = self._judge_doubtful_holders()
+        refused = refusal(self.label, self.container, unseen, self.pids_visible)
+        if refused:
+            verdict.problems.append(refused)
         return verdict
 
     def _in_reach(self, proc) -> bool:
@@ -286,11 +295,14 @@ class GpuListCheck:
         where = f"{gpu.display} ({gpu.uuid})"
         self._refuse(rule, f"{where} holds {memory} of {whose}; {stop}: stop that process or name other GPUs")
 
-    def _judge_doubtful_holders(self) -> None:
+    def _judge_doubtful_holders(self) -> list:
         """Refuse the holders out of reach only once the GPUs, listed again until they are gone or for
         ``relist_timeout`` seconds, still show them, and /proc, read again, still puts them out of reach. A process
         that is exiting (a restarting unit's scheduler) can be listed on the GPU and then be gone from /proc, or
-        show no cgroup, by the time /proc is read; it leaves the listing a moment later and is forgotten."""
+        show no cgroup, by the time /proc is read; it leaves the listing a moment later and is forgotten. Returns
+        the holders still listed that /proc does not show (:class:`Unseen`): not refused one by one, they say the
+        host cannot see the driver's PIDs."""
+        unseen = []
         listed = {(gpu.uuid, holder.pid) for gpu, holder, _entry, _proc in self.doubtful}
 
         def all_exited() -> bool:
@@ -313,10 +325,10 @@ class GpuListCheck:
             if entry["in_reach"]:
                 continue
             if proc is None:
-                whose = f"pid {holder.pid}, which this host's /proc does not show (a process of another PID namespace"
-                self._refuse_holder(gpu, holder, whose + ", such as a container)")
+                unseen.append(Unseen(f"{gpu.display} ({gpu.uuid})", holder.pid, holder.used_mib))
             else:
                 self._refuse_holder(gpu, holder, f"pid {holder.pid} {proc.title!r} {self._owner(proc)}")
+        return unseen
 
 
 def check_gpu_list(selectors, inventory: list, layout: Layout, **options) -> Verdict:
@@ -326,8 +338,8 @@ def check_gpu_list(selectors, inventory: list, layout: Layout, **options) -> Ver
 
 def inspect_gpu_list(params: dict, run_command, *, query=query_gpus, booted=systemd_booted, proc_root="/proc") -> tuple:
     """``(facts, problems, warnings)`` for the sglang_info module's ``gpus`` options: ``devices``, ``tp_size``,
-    ``extra_args``, ``unit``, ``label`` and ``backend``. A host whose GPUs cannot be listed is a problem: nothing
-    can be judged, and a restart would stop the engine before finding out."""
+    ``extra_args``, ``unit``, ``label``, ``backend`` and ``pids_visible``. A host whose GPUs cannot be listed is a
+    problem: nothing can be judged, and a restart would stop the engine before finding out."""
     label = params.get("label") or "gpus"
     try:
         backend, inventory = query(params.get("backend") or "auto", run_command)
@@ -341,6 +353,7 @@ def inspect_gpu_list(params: dict, run_command, *, query=query_gpus, booted=syst
         except SystemdError as exc:
             return {"backend": backend}, [f"{label} cannot be checked: {exc}"], []
     layout = parse_layout(params.get("tp_size") or 1, params.get("extra_args"))
+    container = detect_container(run_command)
     verdict = check_gpu_list(
         params.get("devices") or [],
         inventory,
@@ -350,5 +363,7 @@ def inspect_gpu_list(params: dict, run_command, *, query=query_gpus, booted=syst
         label=label,
         proc_root=proc_root,
         relist=lambda: query(backend, run_command),
+        container=container,
+        pids_visible=bool(params.get("pids_visible")),
     )
     return dict(verdict.as_dict(), backend=backend), verdict.problems, verdict.warnings

@@ -1,14 +1,22 @@
 # Copyright: (c) 2025, llmops.inference contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""Per-host lock of an SGLang unit: an flock held by a detached holder process with a lease.
+"""Per-host lock of an SGLang unit: an flock held by a detached holder process for as long as its run renews it.
 
 Private to the llmops.inference collection; not a public API. Standard library only.
 
 ``acquire`` forks a holder that takes an exclusive flock on the lock file, writes who holds it (owner,
-token, holder pid, acquired/lease-until times) into the file, reports back and then keeps the flock
-until ``release`` signals it or its lease ends. The kernel drops the flock when the holder exits, however
-it exits, so a lock outlives a killed Ansible run by at most its lease, and never a reboot (/run is tmpfs).
+token, holder pid, when, how it is renewed) into the file, writes its token into the renewal file beside it
+(``PATH.alive``), reports back and then keeps the flock until ``release`` signals it, or until its run stops
+renewing it: each ``renew`` (touching the renewal file) keeps it for ``period + margin`` more seconds. The holder
+judges renewals by its own monotonic clock (a changed mtime is a renewal), so a clock step on the host neither
+ends nor extends a lease. The kernel drops the flock when the holder exits, however it exits, so a lock outlives
+the run that renewed it by at most one period plus the margin, and never a reboot (/run is tmpfs).
+
+Who renews: the run that owns the lock (see ``Keeper``: the host_lock action plugin runs one on the controller for
+as long as the ansible-playbook process lives; the restart chain, when it takes the lock itself, renews it from a
+thread for as long as the module runs). ``renew`` answers False once the lock is no longer held with the token:
+a run that finds its lock lost must stop changing the host.
 """
 
 from __future__ import annotations
@@ -24,6 +32,12 @@ from dataclasses import dataclass
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 RELEASE_WAIT = 10.0
+# How often the holder looks at its renewal file, and the keeper at its run (seconds).
+HOLDER_POLL = 1.0
+KEEPER_POLL = 1.0
+DEFAULT_PERIOD = 30.0
+DEFAULT_MARGIN = 60.0
+ALIVE_SUFFIX = ".alive"
 
 
 class LockError(Exception):
@@ -62,9 +76,47 @@ def describe(holder: dict) -> str:
     owner = holder.get("owner") or {}
     who = ", ".join(f"{key}={value}" for key, value in sorted(owner.items())) or "owner not given"
     return (
-        f"{who}; since {holder.get('acquired_at', '?')}, lease until {holder.get('lease_until', '?')}, "
-        f"holder pid {holder.get('pid', '?')}"
+        f"{who}; since {holder.get('acquired_at', '?')}, renewed every {holder.get('renew_period', '?')} s "
+        f"by its run (let go {holder.get('renew_margin', '?')} s after a missed renewal), holder pid "
+        f"{holder.get('pid', '?')}"
     )
+
+
+def alive_path(path: str) -> str:
+    """The renewal file of the lock at ``path``: the holder's token, touched by each renewal."""
+    return path + ALIVE_SUFFIX
+
+
+def _alive(path: str):
+    """(token, mtime) of the renewal file, or None when there is none."""
+    try:
+        with open(alive_path(path), encoding="ascii") as handle:
+            token = handle.read().strip()
+            return token, os.fstat(handle.fileno()).st_mtime
+    except (OSError, ValueError):
+        return None
+
+
+class Lease:
+    """The holder's view of its lease, on its own monotonic clock: held while the renewal file carries its token
+    and was renewed (its mtime changed) less than ``period + margin`` seconds ago."""
+
+    def __init__(self, token: str, period: float, margin: float, now: float, mtime: float | None):
+        self.token, self.limit = token, period + margin
+        self.renewed, self.mtime = now, mtime
+
+    def observe(self, alive, now: float) -> str | None:
+        """Given what the renewal file says now (``(token, mtime)`` or None), None while held, else why it ends."""
+        if alive is None:
+            return "its renewal file is gone (released or broken)"
+        token, mtime = alive
+        if token != self.token:
+            return "its renewal file names another holder"
+        if mtime != self.mtime:
+            self.mtime, self.renewed = mtime, now
+        if now - self.renewed > self.limit:
+            return f"its run did not renew it for {self.limit:g} s (period plus margin)"
+        return None
 
 
 def _iso(epoch: float) -> str:
@@ -100,8 +152,10 @@ def _write_holder(fd: int, record: dict) -> None:
     os.fsync(fd)
 
 
-def _hold(path: str, owner: dict, timeout: float, lease: float, report_fd: int) -> None:
-    """The holder process: take the flock, report, keep it until signalled or the lease ends."""
+def _hold(path: str, owner: dict, timeout: float, terms: tuple, report_fd: int) -> None:
+    """The holder process: take the flock, report, keep it until signalled or its run stops renewing it
+    (``terms``: the renewal period and margin)."""
+    period, margin = terms
     signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     started = time.time()
@@ -115,22 +169,47 @@ def _hold(path: str, owner: dict, timeout: float, lease: float, report_fd: int) 
         "owner": owner,
         "token": secrets.token_hex(16),
         "pid": os.getpid(),
-        "pid_start": _start_time(os.getpid()),
+        "pid_start": start_time(os.getpid()),
         "acquired_at": _iso(now),
-        "lease_until": _iso(now + lease),
-        "lease_until_epoch": int(now + lease),
+        "renew_period": period,
+        "renew_margin": margin,
     }
     _write_holder(fd, record)
+    _write_alive(path, record["token"])
     answer = dict(record, acquired=True, waited_s=round(now - started, 1))
     try:
         os.write(report_fd, json.dumps(answer).encode())
         os.close(report_fd)
     except BrokenPipeError:
         # Whoever asked is gone (its run was killed while waiting): nobody would ever release this.
-        os.ftruncate(fd, 0)
+        _let_go(path, fd, record["token"])
         return
-    signal.sigtimedwait(STOP_SIGNALS, lease)
-    os.ftruncate(fd, 0)  # the next holder must not read this one's record as its own
+    alive = _alive(path)
+    lease = Lease(record["token"], period, margin, time.monotonic(), alive[1] if alive else None)
+    while lease.observe(_alive(path), time.monotonic()) is None:
+        if signal.sigtimedwait(STOP_SIGNALS, min(HOLDER_POLL, period)) is not None:
+            break
+    _let_go(path, fd, record["token"])
+
+
+def _write_alive(path: str, token: str) -> None:
+    fd = os.open(alive_path(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, token.encode("ascii") + b"\n")
+    finally:
+        os.close(fd)
+
+
+def _let_go(path: str, fd: int, token: str) -> None:
+    """Remove this holder's renewal file and record (the next holder must not read them as its own); the exit
+    that follows drops the flock."""
+    alive = _alive(path)
+    if alive and alive[0] == token:
+        try:
+            os.unlink(alive_path(path))
+        except FileNotFoundError:
+            pass
+    os.ftruncate(fd, 0)
     os.close(fd)
 
 
@@ -151,12 +230,17 @@ def _read_all(fd: int) -> bytes:
         chunks.append(chunk)
 
 
-def acquire(path: str, owner: dict, timeout: float, lease: float) -> dict:
-    """Wait at most ``timeout`` s for the lock and hold it for at most ``lease`` s in a detached process.
+def acquire(
+    path: str, owner: dict, timeout: float, period: float = DEFAULT_PERIOD, margin: float = DEFAULT_MARGIN
+) -> dict:
+    """Wait at most ``timeout`` s for the lock and hold it in a detached process for as long as it is renewed: at
+    least every ``period`` s, and it lets go ``period + margin`` s after the last renewal.
 
-    Returns the holder record (``token``, ``pid``, ``acquired_at``, ``lease_until``, ``waited_s``, ``msg``);
-    raises LockBusy when another run still holds it after the wait.
+    Returns the holder record (``token``, ``pid``, ``acquired_at``, ``renew_period``, ``renew_margin``,
+    ``waited_s``, ``msg``); raises LockBusy when another run still holds it after the wait.
     """
+    if period <= 0 or margin < 0:
+        raise ValueError(f"the renewal period ({period}) must be above 0 and the margin ({margin}) at least 0")
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     read_end, write_end = os.pipe()
     child = os.fork()
@@ -166,7 +250,7 @@ def acquire(path: str, owner: dict, timeout: float, lease: float) -> dict:
         if os.fork() != 0:
             os._exit(0)  # the holder is re-parented away from the run that started it
         try:
-            _hold(path, owner, timeout, lease, write_end)
+            _hold(path, owner, timeout, (period, margin), write_end)
         finally:
             os._exit(0)
     os.close(write_end)
@@ -179,7 +263,8 @@ def acquire(path: str, owner: dict, timeout: float, lease: float) -> dict:
     if not answer["acquired"]:
         raise LockBusy(
             f"{path} is held by {describe(answer['holder'])}; gave up after waiting {answer['waited_s']} s. "
-            "A holder left by a killed run lets go when its lease ends; to break it now, run the "
+            "A holder left by a killed run lets go one renewal period plus margin after its run's last renewal; "
+            "to break it now, run the "
             "llmops.inference.host_lock module with state=absent and force=true",
             answer["holder"],
         )
@@ -188,7 +273,7 @@ def acquire(path: str, owner: dict, timeout: float, lease: float) -> dict:
     return answer
 
 
-def _start_time(pid: int) -> str | None:
+def start_time(pid: int) -> str | None:
     """When ``pid`` started (clock ticks after boot, from /proc/PID/stat); None when no live process has it (none, or
     a zombie: a process that has exited and closed its files, the flock's included)."""
     try:
@@ -207,7 +292,7 @@ def _holder_running(holder: dict) -> bool:
     pid = int(holder.get("pid") or 0)
     if pid <= 1:
         return False
-    started = _start_time(pid)
+    started = start_time(pid)
     return started is not None and holder.get("pid_start") in (None, started)
 
 
@@ -254,6 +339,19 @@ def status(path: str) -> dict:
     return {"held": held, "holder": holder, "msg": describe(holder) if held else f"{path} is free"}
 
 
+def renew(path: str, token: str) -> bool:
+    """Renew the lock held with ``token`` (the holder keeps it ``period + margin`` s more); False when it is no
+    longer held with that token (released, broken, or let go after missed renewals): its run has lost it."""
+    alive = _alive(path)
+    if not token or alive is None or alive[0] != token or not held_with(path, token):
+        return False
+    try:
+        os.utime(alive_path(path))
+    except FileNotFoundError:
+        return False
+    return True
+
+
 def held_with(path: str, token: str) -> bool:
     """Whether the lock is taken right now by the holder that handed out ``token``."""
     return bool(token) and read_holder(path).get("token") == token and status(path)["held"]
@@ -271,29 +369,71 @@ def break_lock(path: str) -> dict:
     return {"released": True, "changed": True, "broken": holder, "msg": f"broke {path}, held by {describe(holder)}"}
 
 
+class Keeper:
+    """The renewer a run keeps for its lock: renews it every ``period`` s while ``run.alive()`` says the run lives;
+    stops when the run is gone (then ``run.drop()`` lets the lock go at once) or when ``run.renew()`` says the lock
+    is no longer held with the run's token. ``renew`` answers True (renewed), False (lost) or None (could not ask:
+    tried again after ``KEEPER_POLL`` s; the holder lets go by itself if that lasts longer than the margin).
+
+    Every effect and the clock are given, so the loop is tested without time passing."""
+
+    def __init__(self, run, period: float, clock=time.monotonic, sleep=time.sleep):
+        self.target, self.period, self.clock, self.sleep = run, period, clock, sleep
+        self.poll = min(KEEPER_POLL, period)
+
+    def run(self) -> str:
+        """Keep the lock; return why the keeper stopped."""
+        due = self.clock() + self.period
+        while True:
+            if not self.target.alive():
+                self.target.drop()
+                return "run gone: lock dropped"
+            if self.clock() >= due:
+                answer = self.target.renew()
+                if answer is False:
+                    return "lock released or lost"
+                if answer is True:
+                    due = self.clock() + self.period
+            self.sleep(self.poll)
+
+
 @dataclass
 class LockRequest:
-    """What the host_lock module asks: take the lock (``present``) for ``owner``, waiting up to ``timeout`` and
-    holding it at most ``lease`` seconds; or release it with ``token``, or break it with ``force`` (``absent``)."""
+    """What the host_lock module asks: take the lock (``present``) for ``owner``, waiting up to ``timeout``, held
+    while renewed every ``period`` s (let go ``period + margin`` s after the last renewal); renew it (``present``
+    with ``token``); release it with ``token``, or break it with ``force`` (``absent``)."""
 
     state: str = "present"
     owner: dict | None = None
     timeout: float = 600.0
-    lease: float = 3600.0
+    period: float = DEFAULT_PERIOD
+    margin: float = DEFAULT_MARGIN
     token: str | None = None
     force: bool = False
 
 
+def _renew_request(path: str, token: str, check_mode: bool) -> dict:
+    if check_mode:
+        return {"held": held_with(path, token), "token": token, "changed": False, "msg": f"would renew {path}"}
+    if not renew(path, token):
+        raise LockError(f"{path} is no longer held with this token (now: {status(path)['msg']}): the run lost it")
+    return {"held": True, "token": token, "changed": False, "msg": f"renewed {path}"}
+
+
 def manage(path: str, request: LockRequest, check_mode: bool = False) -> dict:
-    """What the host_lock module does: take (``present``), release (``absent`` with ``token``) or break
-    (``absent`` with ``force``) the lock. Taking and releasing change nothing that outlasts the run, so only a
-    broken lock reports ``changed``. Raises LockBusy, LockError, or ValueError for a request that makes no sense."""
+    """What the host_lock module does: take (``present``), renew (``present`` with ``token``), release (``absent``
+    with ``token``) or break (``absent`` with ``force``) the lock. Taking, renewing and releasing change nothing that
+    outlasts the run, so only a broken lock reports ``changed``. Raises LockBusy, LockError, or ValueError for a
+    request that makes no sense."""
     state, token = request.state, request.token
+    if state == "present" and token:
+        return _renew_request(path, token, check_mode)
     if state == "present":
         if check_mode:
             now = status(path)
             return dict(now, token="", changed=False, msg=f"check mode: would take {path}; now: {now['msg']}")
-        return dict(acquire(path, request.owner or {}, request.timeout, request.lease), held=True, changed=False)
+        record = acquire(path, request.owner or {}, request.timeout, request.period, request.margin)
+        return dict(record, held=True, changed=False)
     if token:
         answer = release(path, token) if not check_mode else {"released": False, "msg": f"would release {path}"}
         return dict(answer, changed=False)

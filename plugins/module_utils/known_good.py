@@ -12,6 +12,7 @@ Layout under a store's root (one root per unit, every level mode 0700, every fil
     previous/...             the snapshot ``current`` replaced
     objects/<sha256>         SGLang source file contents the snapshots need, named by their sha256
     sources-scan.json        (size, mtime, ctime, inode) -> sha256 of the installed sglang files: a cache
+    reference.json           how the known-good build behaved: golden outputs and a performance fingerprint
 
 A snapshot saved with ``sources`` records, in its manifest's ``sources``, every installed sglang file that
 differs from the wheel's RECORD: its sha256 now (None: the file is missing) and the sha256 RECORD gives it
@@ -30,6 +31,11 @@ sources gains them). A multi-node engine's members save with the id of their gro
 (``node_group_restart``), a new one each time, so every save of the group rotates on every member: ``current``
 and ``previous`` then name the same two group restarts on all of them, and a rollback returns every rank to the
 same one, also a rank whose own files did not change in between.
+
+The reference (``reference.json``) is recorded by the reference gate (restart/reference_gate.py) with a known-good
+save when there is none, and again only when an intended change is accepted; a rollback leaves it as it is, so
+every later change is held to the same behaviour. It names the engine inputs it was recorded with
+(:func:`inputs_of`: the unit's files and the SGLang sources).
 
 ``restore`` puts a snapshot's files back (drop-ins that the snapshot does not have are removed) after checking
 every copy and object it holds against its checksum.
@@ -70,8 +76,11 @@ MANIFEST = "manifest.json"
 FILES_DIR = "files"
 OBJECTS_DIR = "objects"
 SCAN_CACHE = "sources-scan.json"
+REFERENCE = "reference.json"
 STAGING_PREFIX = ".new."
 DROPINS = "dropins/"
+# Named files a snapshot may lack: restoring one that lacks it removes the file the other snapshot named.
+OPTIONAL_FILES = ("adaptive_config",)
 SOURCES_FORMAT = 1
 # Snapshot entries whose content is compared to tell a new known-good state from the current one.
 IDENTITY_KEYS = ("files", "patch_state_id", "node_group_restart")
@@ -113,6 +122,18 @@ def source_objects(sources: dict | None) -> set:
     return named
 
 
+def inputs_of(manifest: dict | None) -> dict | None:
+    """The engine inputs a manifest (or a reference) records: each file's sha256, the sources' digest and version."""
+    if not manifest:
+        return None
+    sources = manifest.get("sources") or {}
+    return {
+        "files": {name: entry["sha256"] for name, entry in sorted((manifest.get("files") or {}).items())},
+        "sources": sources.get("digest"),
+        "sglang_version": sources.get("sglang_version"),
+    }
+
+
 def _dump(data: dict) -> bytes:
     return (json.dumps(data, indent=2, sort_keys=True) + "\n").encode()
 
@@ -151,14 +172,7 @@ class KnownGoodStore:
     # ----- reading -----
 
     def read(self, which: str) -> dict | None:
-        path = os.path.join(self.snapshot_dir(which), MANIFEST)
-        data = read_bytes(path)
-        if data is None:
-            return None
-        try:
-            return json.loads(data)
-        except ValueError as exc:
-            raise SnapshotError(f"the {which} known-good manifest {path} is unreadable: {exc}") from exc
+        return _read_json(os.path.join(self.snapshot_dir(which), MANIFEST), f"the {which} known-good manifest")
 
     def info(self) -> dict:
         return {which: self.read(which) for which in SNAPSHOTS}
@@ -199,6 +213,28 @@ class KnownGoodStore:
                 state = "is missing" if read_bytes(self._object_path(sha)) is None else "does not match its checksum"
                 found.append(f"the stored content of {rel} ({self._object_path(sha)}) {state}")
         return found
+
+    # ----- the reference -----
+
+    def read_reference(self) -> dict | None:
+        return _read_json(os.path.join(self.root, REFERENCE), "the reference")
+
+    def write_reference(self, reference: dict) -> str:
+        """Record ``reference`` (replacing the one there was); returns its path."""
+        _make_private_dir(self.root)
+        path = os.path.join(self.root, REFERENCE)
+        atomic_write(path, _dump(reference), mode=0o600)
+        return path
+
+    def live_inputs(self, files: dict, dropin_dir: str, python: str | None) -> dict:
+        """The engine inputs on the host now, in :func:`inputs_of`'s shape (sources None when not readable)."""
+        manifest = {"files": live_files(files, dropin_dir)}
+        if python:
+            try:
+                manifest["sources"] = self.record_sources(python, check_mode=True)[0]
+            except (InstallError, SnapshotError):
+                manifest["sources"] = None
+        return inputs_of(manifest)
 
     # ----- the sources -----
 
@@ -413,6 +449,17 @@ class KnownGoodStore:
                     shutil.rmtree(os.path.join(self.root, name), ignore_errors=True)
         return removed
 
+    def _optional_files_gone(self, which: str, manifest: dict) -> list:
+        """Files that the other snapshot names and ``which`` does not (an adaptive config added since): a restore of
+        ``which`` removes them."""
+        named = {entry["path"] for key, entry in manifest["files"].items() if not key.startswith(DROPINS)}
+        other = self.read("previous" if which == "current" else "current") or {}
+        return [
+            entry["path"]
+            for key, entry in sorted((other.get("files") or {}).items())
+            if key in OPTIONAL_FILES and entry.get("path") not in named and os.path.isfile(entry.get("path") or "")
+        ]
+
     def restore(self, which: str, dropin_dir: str, check_mode: bool = False) -> dict:
         """Put the files of snapshot ``which`` back; remove drop-ins the snapshot does not have.
 
@@ -426,7 +473,7 @@ class KnownGoodStore:
                 f"the {which} known-good snapshot of {manifest.get('saved_at')} under {self.root} cannot be "
                 f"restored: {'; '.join(problems)}. Nothing was changed"
             )
-        restored, removed = [], []
+        restored = []
         for key, entry in sorted(manifest["files"].items()):
             path = entry["path"]
             if sha256_file(path) == entry["sha256"]:
@@ -437,13 +484,15 @@ class KnownGoodStore:
                 data = read_bytes(os.path.join(self.snapshot_dir(which), FILES_DIR, key))
                 atomic_write(path, data, mode=int(entry["mode"], 8))
         kept = {entry["path"] for key, entry in manifest["files"].items() if key.startswith(DROPINS)}
+        removed = self._optional_files_gone(which, manifest)
         if os.path.isdir(dropin_dir):
             for name in sorted(os.listdir(dropin_dir)):
                 path = os.path.join(dropin_dir, name)
                 if name.endswith(".conf") and path not in kept:
                     removed.append(path)
-                    if not check_mode:
-                        os.unlink(path)
+        if not check_mode:
+            for path in removed:
+                os.unlink(path)
         return {
             "changed": bool(restored or removed),
             "restored": restored,
@@ -451,3 +500,14 @@ class KnownGoodStore:
             "manifest": manifest,
             "msg": f"{which} snapshot of {manifest.get('saved_at')}: {len(restored)} restored, {len(removed)} removed",
         }
+
+
+def _read_json(path: str, what: str) -> dict | None:
+    """The JSON document at ``path``; None when there is none; SnapshotError naming ``what`` when unreadable."""
+    data = read_bytes(path)
+    if data is None:
+        return None
+    try:
+        return json.loads(data)
+    except ValueError as exc:
+        raise SnapshotError(f"{what} {path} is unreadable: {exc}") from exc

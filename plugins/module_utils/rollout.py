@@ -16,6 +16,10 @@ class RolloutError(ValueError):
     pass
 
 
+# What a run does to a host, for the records of the hosts it held back.
+WAY = {"deploy": "deployed", "rollback": "rolled back"}
+
+
 def batch_size(batch, hosts: int) -> int:
     """Hosts per batch for ``batch`` (a count, or a share such as ``25%``) as Ansible's ``serial`` reads it: a share
     of the hosts, rounded down, at least 1."""
@@ -63,3 +67,79 @@ def plan_rollout(hosts: list, batch, node_groups: dict, up_to_date: dict, force:
         "batches": batches,
         "skipped": [host for host in hosts if host not in rollout],
     }
+
+
+def preflight_verdict(hosts: list, state: dict, purpose: str, require_all_reachable: bool = False) -> dict:
+    """What a rolling run does after its preflight, and a record for every host it holds back.
+
+    ``hosts``: every host the preflight targeted, in order. ``state``: per host that answered, ``passed`` (its
+    preflight finished), ``refusal`` (why its preflight failed, or None) and ``node_group`` (its members, or []); a
+    host missing from ``state`` (or with neither) was not reached. ``purpose``: deploy or rollback.
+
+    A deploy is refused whole when any host failed its preflight or was not reached; so is a rollback when a host
+    failed its preflight, or, with ``require_all_reachable``, was not reached. Otherwise a rollback goes on without
+    the unreachable hosts and without every member of a node group that has one (a group returns whole).
+
+    Returns ``go`` (the hosts that go on, in order), ``refused`` (bool), ``note`` (one line for the summary: what
+    was held back and why; '' when nothing was) and ``records`` (``{host: {outcome, detail}}`` for each host held
+    back: ``refused``, ``unreachable`` or ``skipped``)."""
+    state = state or {}
+    passed = [host for host in hosts if (state.get(host) or {}).get("passed")]
+    refusals = {host: state[host]["refusal"] for host in hosts if (state.get(host) or {}).get("refusal")}
+    unreachable = [host for host in hosts if host not in passed and host not in refusals]
+    refused = bool(refusals) or (bool(unreachable) and (purpose != "rollback" or require_all_reachable))
+    if refused:
+        reasons = [f"{host} unreachable" for host in unreachable]
+        reasons += [f"{host} failed its preflight: {why}" for host, why in refusals.items()]
+        why = "; ".join(reasons)
+        records = {}
+        for host in hosts:
+            if host in unreachable:
+                records[host] = {
+                    "outcome": "unreachable",
+                    "detail": f"not reached at preflight; the {purpose} was refused and nothing changed",
+                }
+            elif host in refusals:
+                records[host] = {
+                    "outcome": "refused",
+                    "detail": f"failed its preflight ({refusals[host]}); the {purpose} was refused and nothing changed",
+                }
+            else:
+                records[host] = {
+                    "outcome": "refused",
+                    "detail": f"nothing changed: the {purpose} was refused at preflight ({why})",
+                }
+        return {
+            "go": [],
+            "refused": True,
+            "note": f"REFUSED at preflight, nothing changed on any host: {why}",
+            "records": records,
+        }
+    records = {
+        host: {
+            "outcome": "skipped",
+            "detail": f"unreachable at preflight: not {WAY[purpose]} (see its error above); run again when it is back",
+        }
+        for host in unreachable
+    }
+    go = []
+    for host in passed:
+        gone = [member for member in (state[host].get("node_group") or []) if member in unreachable]
+        if gone:
+            records[host] = {
+                "outcome": "skipped",
+                "detail": f"not {WAY[purpose]}: its node group's {', '.join(gone)} "
+                "unreachable, and a group returns whole",
+            }
+        else:
+            go.append(host)
+    skipped = [host for host in hosts if host in records]
+    note = (
+        (
+            f"SKIPPED {len(skipped)} host(s), left as they were: {', '.join(skipped)} (unreachable, or in a node "
+            "group with an unreachable member); the others went on"
+        )
+        if skipped
+        else ""
+    )
+    return {"go": go, "refused": False, "note": note, "records": records}

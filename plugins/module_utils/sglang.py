@@ -11,8 +11,6 @@ one-line message an operator can act on (which endpoint, what happened).
 from __future__ import annotations
 
 import json
-import math
-import re
 import time
 from urllib.parse import urlparse
 
@@ -25,6 +23,7 @@ from ansible_collections.llmops.inference.plugins.module_utils.http_client impor
     set_read_timeout,
     snippet,
 )
+from ansible_collections.llmops.inference.plugins.module_utils.in_flight import parse_metrics
 
 DEFAULT_URL = "http://127.0.0.1:30000"
 READY_PATH = "/ready"
@@ -72,43 +71,6 @@ def validate_url(url: str) -> str:
     if parsed.query or parsed.fragment:
         raise ValueError(f"url must not carry a query or fragment, got {url!r}")
     return url.rstrip("/")
-
-
-# One sample of the Prometheus text exposition: name, optional {labels}, value (a timestamp may follow).
-METRIC_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(?:[^"}]|"(?:[^"\\]|\\.)*")*\})?\s+(\S+)')
-METRIC_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"')
-LABEL_ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
-
-
-def _label_value(raw: str) -> str:
-    return re.sub(r'\\[\\"n]', lambda match: LABEL_ESCAPES[match.group(0)], raw)
-
-
-def _sample_value(text: str) -> float | None:
-    try:
-        value = float(text)
-    except ValueError:
-        return None
-    return None if math.isnan(value) else value
-
-
-def parse_metrics(text: str, names=None) -> dict:
-    """``{name: [(labels, value), ...]}`` from Prometheus text exposition, for ``names`` only when given.
-
-    Comments, blank lines, unparsable lines and NaN values are left out.
-    """
-    wanted = set(names) if names is not None else None
-    samples = {}
-    for line in text.splitlines():
-        match = METRIC_SAMPLE.match(line.strip())
-        if not match or (wanted is not None and match.group(1) not in wanted):
-            continue
-        value = _sample_value(match.group(3))
-        if value is None:
-            continue
-        labels = {key: _label_value(raw) for key, raw in METRIC_LABEL.findall(match.group(2) or "")}
-        samples.setdefault(match.group(1), []).append((labels, value))
-    return samples
 
 
 class GenerationResult:

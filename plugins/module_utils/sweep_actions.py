@@ -8,12 +8,21 @@ Private to the llmops.inference collection; not a public API. ``params`` are the
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 from dataclasses import replace
 
 from ansible_collections.llmops.inference.plugins.module_utils.bench import BenchInputError, BenchSettings
 from ansible_collections.llmops.inference.plugins.module_utils.bench_levels import LEVEL_OPTIONS
 from ansible_collections.llmops.inference.plugins.module_utils.redact import Redactor
+from ansible_collections.llmops.inference.plugins.module_utils.sweep_adaptive import (
+    DEFAULT_ADAPTIVE_MARGIN,
+    adaptive_csv,
+    deployable,
+    render_config,
+    sweep_refusal,
+)
 from ansible_collections.llmops.inference.plugins.module_utils.sweep_choice import (
     applied_choice,
     best_per_level,
@@ -39,6 +48,8 @@ from ansible_collections.llmops.inference.plugins.module_utils.sweep_plot import
     render_pareto_png,
     render_png,
 )
+from ansible_collections.llmops.inference.plugins.module_utils.sweep_prove import arms, compare, schedule
+from ansible_collections.llmops.inference.plugins.module_utils.sweep_prove import csv_rows as proof_rows
 from ansible_collections.llmops.inference.plugins.module_utils.sweep_records import (
     MEASURED,
     LevelOutcome,
@@ -69,6 +80,9 @@ REPORT_FILES = {
     "markdown": "results.md",
     "png": "results.png",
     "pareto_png": "results-pareto.png",
+    "adaptive_config": "results-adaptive-config.json",
+    "adaptive_csv": "results-adaptive.csv",
+    "proof_csv": "results-proof.csv",
 }
 
 
@@ -144,6 +158,11 @@ def plan_sweep(params: dict, run: dict, now: float, write: bool = True) -> dict:
         sweep_stability_window=(params.get("stability_window", 0), 0),
     )
     _check_scoring(params["mad_penalty"], params["tolerance"])
+    margin = params.get("adaptive_margin", DEFAULT_ADAPTIVE_MARGIN)
+    if not (isinstance(margin, (int, float)) and 0 <= margin < 1):
+        raise SweepInputError(
+            "sweep_adaptive_margin", f"must be a fraction from 0 up to (not including) 1, got {margin!r}"
+        )
     bench = bench_options(params.get("bench") or {})
     levels = _levels(params, bench)
     slo = check_slo(params.get("slo"))
@@ -169,6 +188,10 @@ def plan_sweep(params: dict, run: dict, now: float, write: bool = True) -> dict:
         "tolerance": params["tolerance"],
         "apply": params.get("apply", "original"),
         "points": [point.as_dict() for point in points],
+        "adaptive": {
+            "margin": margin,
+            "refused": sweep_refusal(algorithm, sorted({p.topk for p in points}), params.get("host_args") or {}),
+        },
     }
     store = ResultsDir(params["results_dir"])
     run = dict(run, started_at=now, hosts=hosts)
@@ -215,6 +238,7 @@ def plan_sweep(params: dict, run: dict, now: float, write: bool = True) -> dict:
         "replaced": replaced,
         "recovered": recovered,
         "level_warnings": level_warnings(levels, params.get("host_args") or {}),
+        "adaptive_refused": definition["adaptive"]["refused"],
     }
 
 
@@ -236,11 +260,26 @@ def _point_run(params: dict) -> LevelRun:
         params.get("gate"),
         apply_s=params.get("apply_s"),
         first_failure=params.get("first_failure"),
+        lossless=params.get("lossless"),
     )
     return LevelRun(
         _bare_point(params["point"]), 0, params["host"], params["run_id"], params["started_at"],
         params["finished_at"], load,
     )  # fmt: skip
+
+
+def record_arm(params: dict, write: bool = True) -> dict:
+    """Record one arm of the proof for one round (``arm``, ``round``) at every level (``levels``), from its one
+    benchmark or its failed load, as record_levels records a point."""
+    arm = params.get("arm") or {}
+    if not arm.get("id") or not isinstance(params.get("round"), int):
+        raise SweepInputError("arm", "and round must name the arm (its id) and the round to record")
+    point = {key: arm.get(key) for key in ("id", "steps", "topk", "draft_tokens")}
+    result = record_levels(dict(params, point=point), write=False)
+    records = [dict(record, round=params["round"], arm=arm) for record in result["records"]]
+    store = ResultsDir(params["results_dir"])
+    paths = [store.write_arm(record) for record in records] if write else []
+    return dict(result, records=records, paths=paths)
 
 
 def record_levels(params: dict, write: bool = True) -> dict:
@@ -319,6 +358,20 @@ def recover_levels(store: ResultsDir, contents, planned: dict, earlier_runs: lis
     return recovered
 
 
+def _with_levels(order: list, definition: dict) -> list:
+    """Each arm of the proof measures every level of the sweep, as sglang_bench's levels option takes them."""
+    sizes = definition.get("levels") or []
+    levels = [{key: level[key] for key in LEVEL_OPTIONS} for level in sizes]
+    budget = sum(level["budget_s"] for level in sizes)
+    return [dict(item, levels=levels, budget_s=budget) for item in order]
+
+
+def _csv(rows: list) -> str:
+    out = io.StringIO()
+    csv.writer(out, lineterminator="\n").writerows(rows)
+    return out.getvalue()
+
+
 def write_reports(params: dict, now: float, write: bool = True) -> dict:
     store = ResultsDir(params["results_dir"])
     sweep = store.read_definition()
@@ -337,12 +390,22 @@ def write_reports(params: dict, now: float, write: bool = True) -> dict:
     robust = robust_choice(in_scope, levels, tolerance)
     sla = sla_choice(in_scope, levels, definition.get("slo") or {}, tolerance)
     frontier = pareto(in_scope)
+    choice = applied_choice(robust, sla)
+    deploy = deployable(in_scope, levels, definition, choice)
+    config_path = params.get("adaptive_config_path") or ""
+    arm_list = arms(deploy, best_levels, config_path)
+    arm_rows = [
+        dict(summarize(record, definition["mad_penalty"]), round=record["round"]) for record in store.arm_records()
+    ]
     report = {
         "best_per_level": best_levels,
         "robust_choice": robust,
         "sla_choice": sla,
-        "choice": applied_choice(robust, sla),
+        "choice": choice,
         "pareto": frontier,
+        "deployable": deploy,
+        "prove_plan": _with_levels(schedule(arm_list, params.get("prove_rounds") or 0), definition),
+        "proof": compare(arm_rows, arm_list, best_levels, levels) if arm_rows else None,
     }
     run_timing = timing(records, run, now)
     document = dict(
@@ -353,7 +416,12 @@ def write_reports(params: dict, now: float, write: bool = True) -> dict:
         "json": (json.dumps(document, indent=2, sort_keys=True) + "\n").encode("utf-8"),
         "csv": csv_text(records).encode("utf-8"),
         "markdown": markdown(rows, report, definition, run_timing).encode("utf-8"),
+        "adaptive_csv": adaptive_csv(report["deployable"]).encode("utf-8"),
     }
+    if report["proof"] is not None:
+        contents["proof_csv"] = _csv(proof_rows(report["proof"])).encode("utf-8")
+    if report["deployable"]["adaptive"]["config"] is not None:
+        contents["adaptive_config"] = render_config(report["deployable"]["adaptive"]["config"]).encode("utf-8")
     plot_skipped = None
     if not params.get("plot", True):
         plot_skipped = "plot: false"

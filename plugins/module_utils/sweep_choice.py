@@ -20,6 +20,8 @@ A record is one point measured at one load level (concurrency). The choices, eac
 - SLA choice (with an SLO such as {p99_tpot_ms: 30}): a point survives a level when it was measured there and
   every bound holds in every repeat run; per point, the heaviest level it survives with every lighter level
   survived too, and its median tok/s there. The highest of those wins (within ``tolerance``, fewest steps).
+- losslessness: a point whose greedy output differs from the model's without speculation (``lossless`` false) is
+  never chosen, best, robust or SLA, however fast; it still counts for nothing else.
 - Pareto frontier: over every measured record, output tok/s per user against output tok/s per GPU; a record is
   on the frontier when no other one is at least as good on both and better on one.
 """
@@ -41,9 +43,14 @@ def _pick(candidates: list, value_key: str, tolerance: float):
     return min(near, key=lambda candidate: (_shape(candidate), -candidate[value_key]))
 
 
+def lossless(row: dict) -> bool:
+    """Whether a row may be chosen: not known to change greedy output (``lossless`` False)."""
+    return row.get("lossless") is not False
+
+
 def choose_best(rows: list, tolerance: float) -> dict | None:
     """The best measured row of one level (see the module docstring), or None when nothing was measured."""
-    scored = [row for row in rows if row["score"] is not None]
+    scored = [row for row in rows if row["score"] is not None and lossless(row)]
     return _pick(scored, "score", tolerance) if scored else None
 
 
@@ -68,7 +75,7 @@ def best_per_level(rows: list, levels: list, tolerance: float) -> list:
             "measured_points": sum(1 for row in at_level if row["status"] == MEASURED),
         }
         if best is not None:
-            others = [row for row in at_level if row["score"] is not None and row["id"] != best["id"]]
+            others = [row for row in at_level if row["score"] is not None and row["id"] != best["id"] and lossless(row)]
             runner = max(others, key=lambda row: (row["score"], tuple(-part for part in _shape(row))), default=None)
             entry["best"] = dict(
                 _point_ref(best),
@@ -116,7 +123,7 @@ def robust_choice(rows: list, levels: list, tolerance: float) -> dict:
     """The point whose worst ratio to each level's best is highest (see the module docstring)."""
     best_at = {}
     for level in levels:
-        medians = [row["output_throughput_median"] for row in rows if row["concurrency"] == level]
+        medians = [row["output_throughput_median"] for row in rows if row["concurrency"] == level and lossless(row)]
         medians = [value for value in medians if value]
         if medians:
             best_at[level] = max(medians)
@@ -127,7 +134,7 @@ def robust_choice(rows: list, levels: list, tolerance: float) -> dict:
         for level, best in best_at.items():
             row = by_level.get(level)
             value = row["output_throughput_median"] if row is not None else None
-            ratios[level] = value / best if value else 0.0
+            ratios[level] = value / best if value and lossless(row) else 0.0
         if not ratios:
             continue
         worst_level = min(ratios, key=lambda level: (ratios[level], level))
@@ -154,7 +161,11 @@ def robust_choice(rows: list, levels: list, tolerance: float) -> dict:
 
 def _meets(row: dict, slo: dict) -> bool:
     worst = row.get("worst") or {}
-    return row["status"] == MEASURED and all(key in worst and worst[key] <= bound for key, bound in slo.items())
+    return (
+        row["status"] == MEASURED
+        and lossless(row)
+        and all(key in worst and worst[key] <= bound for key, bound in slo.items())
+    )
 
 
 def sla_choice(rows: list, levels: list, slo: dict, tolerance: float) -> dict | None:

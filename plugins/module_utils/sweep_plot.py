@@ -59,8 +59,8 @@ def series(rows: list) -> dict:
 
 
 def render_png(rows: list, best_levels: list, title: str) -> bytes:
-    """Output tok/s (median +- MAD) against steps, one line per load level; failed levels marked, each level's
-    best starred."""
+    """Output tok/s (median +- MAD) against steps, one line per load level; failed levels marked, points that are
+    not lossless boxed in red, each level's best starred."""
     pyplot = _pyplot()
     figure, axis = pyplot.subplots(figsize=(9, 6), dpi=110)
     colors = pyplot.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -87,6 +87,19 @@ def render_png(rows: list, best_levels: list, title: str) -> bytes:
             zorder=5,
             clip_on=False,
             label="failed (see report)",
+        )
+    lossy = [row for row in rows if row.get("lossless") is False and row["output_throughput_median"] is not None]
+    if lossy:
+        axis.scatter(
+            [row["steps"] for row in lossy],
+            [row["output_throughput_median"] for row in lossy],
+            marker="s",
+            s=140,
+            facecolors="none",
+            edgecolors="red",
+            linewidths=2,
+            zorder=6,
+            label="not lossless (greedy output differs; never chosen)",
         )
     best = [entry["best"] for entry in best_levels if entry["best"]]
     if best:

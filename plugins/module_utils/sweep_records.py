@@ -131,14 +131,9 @@ def _run_metrics(run: dict) -> dict:
     return metrics
 
 
-def build_load(
-    started_at: float,
-    load_s: float | None,
-    gate: dict | None,
-    apply_s: float | None = None,
-    first_failure: str | None = None,
-) -> dict:
-    """The load a point's levels were measured on: the chain's timing, steps and verdict (``sglang_service_gate``)."""
+def build_load(started_at: float, load_s: float | None, gate: dict | None, apply_s=None, **notes) -> dict:
+    """The load a point's levels were measured on: the chain's timing, steps and verdict (``sglang_service_gate``);
+    ``notes``: ``first_failure`` (why a first load failed) and ``lossless`` (sglang_reference's score)."""
     gate = flat_view(gate)
     return {
         "started_at": started_at,
@@ -148,7 +143,10 @@ def build_load(
             key: gate.get(key)
             for key in ("healthy", "failed_step", "failed_tier", "reason", "elapsed_s", "main_pid", "steps")
         },
-        "first_failure": first_failure,
+        "first_failure": notes.get("first_failure"),
+        # The point's greedy outputs against the model's without speculation (sglang_reference): lossless true or
+        # false, or null when not checked, with the detail.
+        "lossless": notes.get("lossless"),
     }
 
 
@@ -360,4 +358,11 @@ def summarize(record: dict, mad_penalty: float, gpus_per_engine: int = 1) -> dic
         "fork_to_ready_s": engine.get("fork_to_ready_s"),
         "bench_s": (record.get("bench") or {}).get("elapsed_s"),
         "first_failure": (record.get("load") or {}).get("first_failure"),
+        "lossless": lossless_of(record),
+        "lossless_detail": ((record.get("load") or {}).get("lossless") or {}).get("detail"),
     }
+
+
+def lossless_of(record: dict):
+    """True, False (the point changed greedy output: never chosen), or None (not checked)."""
+    return ((record.get("load") or {}).get("lossless") or {}).get("lossless")

@@ -13,6 +13,10 @@ from __future__ import annotations
 import csv
 import io
 
+from ansible_collections.llmops.inference.plugins.module_utils.sweep_adaptive import (
+    markdown_lines as deployable_markdown,
+)
+from ansible_collections.llmops.inference.plugins.module_utils.sweep_prove import markdown_lines as proof_markdown
 from ansible_collections.llmops.inference.plugins.module_utils.sweep_records import MEASURED, RUN_METRICS
 
 RULES = {
@@ -169,6 +173,11 @@ def markdown(rows: list, report: dict, definition: dict, run_timing: dict) -> st
         "",
         f"Here: the {choice['rule']} choice, {_name(choice['point'])}"
         + ("." if choice["point"] else f" ({choice['reason']}): the original configuration."),
+    ]
+    if report.get("deployable"):
+        lines += deployable_markdown(report["deployable"])
+        lines += proof_markdown(report.get("proof"))
+    lines += [
         "",
         "## Pareto frontier",
         "",
@@ -194,6 +203,7 @@ def markdown(rows: list, report: dict, definition: dict, run_timing: dict) -> st
     best_ids = {(entry["concurrency"], entry["best"]["id"]) for entry in report["best_per_level"] if entry["best"]}
     for row in rows:
         mark = "**best**" if (row["concurrency"], row["id"]) in best_ids else ""
+        mark = "**not lossless**" if row.get("lossless") is False else mark
         lines.append(
             f"| {row['steps']} | {row['topk']} | {row['draft_tokens']} | {row['concurrency']} | {row['status']} | "
             f"{_fmt(row['output_throughput_median'])} | {_fmt(row['output_throughput_mad'])} | {_fmt(row['score'])} | "
@@ -210,6 +220,7 @@ def markdown(rows: list, report: dict, definition: dict, run_timing: dict) -> st
         ]
     else:
         lines.append("None.")
+    lines += _lossless_lines(rows)
     retried = {row["id"]: row for row in rows if row.get("first_failure")}
     if retried:
         lines += ["", "## Points loaded twice", "", "Their first load failed; the second one counts.", ""]
@@ -231,12 +242,33 @@ def markdown(rows: list, report: dict, definition: dict, run_timing: dict) -> st
     return "\n".join(lines) + "\n"
 
 
+def _lossless_lines(rows: list) -> list:
+    """Which points changed greedy output against the model's without speculation (never chosen)."""
+    lines = ["", "## Losslessness", ""]
+    checked = [row for row in rows if row.get("lossless") is not None]
+    if not checked:
+        return [*lines, "Not checked: no golden outputs without speculation (see the sweep's log)."]
+    lossy = {row["id"]: row for row in rows if row.get("lossless") is False}
+    lines.append(
+        "Each point's greedy outputs, teacher-forced and free-running, against the model's without speculation: a "
+        "point whose output differs is **not lossless** and never chosen, however fast."
+    )
+    lines.append("")
+    if not lossy:
+        return [*lines, f"Every checked point is lossless ({len({row['id'] for row in checked})} points)."]
+    return lines + [
+        f"- steps {row['steps']}, top-k {row['topk']}, draft tokens {row['draft_tokens']}: not lossless: "
+        f"{row.get('lossless_detail')}"
+        for row in lossy.values()
+    ]
+
+
 def csv_text(records: list) -> str:
     """Every raw benchmark run, one row each; a level without runs gets one row with its status and reason."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     head = ["point_id", "steps", "topk", "draft_tokens", "concurrency", "host", "run_id", "status", "repeat"]
-    writer.writerow([*head, *RUN_METRICS, "load_s", "fork_to_ready_s", "bench_s", "reason"])
+    writer.writerow([*head, *RUN_METRICS, "load_s", "fork_to_ready_s", "bench_s", "reason", "lossless"])
     for record in records:
         point = record["point"]
         engine = (record.get("bench") or {}).get("engine") or {}
@@ -244,8 +276,13 @@ def csv_text(records: list) -> str:
         head += [record.get("host"), record.get("run_id"), record["status"]]
         tail = [(record.get("load") or {}).get("load_s"), engine.get("fork_to_ready_s")]
         tail += [(record.get("bench") or {}).get("elapsed_s"), record.get("reason") or ""]
+        tail.append(_lossless_cell(((record.get("load") or {}).get("lossless") or {}).get("lossless")))
         runs = record.get("repeats") or [None]
         for number, run in enumerate(runs, start=1):
             values = [run.get(name) for name in RUN_METRICS] if run else [None] * len(RUN_METRICS)
             writer.writerow([*head, number if run else "", *values, *tail])
     return out.getvalue()
+
+
+def _lossless_cell(value) -> str:
+    return "" if value is None else ("true" if value else "false")

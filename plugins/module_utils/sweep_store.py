@@ -32,6 +32,9 @@ from ansible_collections.llmops.inference.plugins.module_utils.sweep_plan import
 DEFINITION_FILE = "sweep.json"
 POINTS_DIR = "points"
 REPORT_PREFIX = "results"
+# The proof of the deployable configuration (sweep_prove.py): one record per arm, round and level. Its name starts
+# with REPORT_PREFIX, so a new run moves it aside with the reports.
+PROVE_DIR = "results-prove"
 # What makes two runs' numbers comparable; a resumed run must match the earlier one in all of these.
 MEASUREMENT_KEYS = ("algorithm", "repeats", "warmup_requests", "bench")
 
@@ -120,6 +123,28 @@ class ResultsDir:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         atomic_write(path, _dump(record))
         return path
+
+    def write_arm(self, record: dict) -> str:
+        """One arm's level of one round of the proof."""
+        name = f"r{int(record['round'])}-c{int(record['concurrency'])}.json"
+        path = os.path.join(self.path, PROVE_DIR, record["point"]["id"], name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        atomic_write(path, _dump(record))
+        return path
+
+    def arm_records(self) -> list:
+        """Every recorded arm level of the proof; unreadable files are skipped (a write cut short)."""
+        records = []
+        root = os.path.join(self.path, PROVE_DIR)
+        for arm in sorted(os.listdir(root)) if os.path.isdir(root) else []:
+            folder = os.path.join(root, arm)
+            for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+                try:
+                    with open(os.path.join(folder, name), encoding="utf-8") as handle:
+                        records.append(json.load(handle))
+                except (OSError, ValueError):
+                    continue
+        return records
 
     def done_levels(self, retry_failed: bool = False) -> dict:
         """{point id: [concurrency, ...]} recorded (failed ones too, unless ``retry_failed``)."""

@@ -14,8 +14,17 @@ description:
     given, its pid, since when and until when). The kernel drops an flock when its holder exits, however it exits,
     so nothing stays locked after a crash of the holder, and C(/run) is empty after a reboot.
   - O(state=present) waits up to O(timeout) seconds for the lock and returns its RV(token); another run that holds
-    it makes the task fail naming that holder. A run that dies without releasing the lock blocks others until the
-    O(lease) ends.
+    it makes the task fail naming that holder.
+  - The lock lives as long as the run that took it, and no longer. Its holder keeps it while the run renews it
+    (every O(renew_period) seconds) and lets go O(renew_period) + O(renew_margin) seconds after the last renewal.
+    The run's liveness is the controller's; this module's action plugin starts a keeper process on the controller,
+    beside the C(ansible-playbook) (or C(ansible)) process of the run, that renews the lock over the host's
+    connection every O(renew_period) seconds while that process lives, lets the lock go at once when it is gone
+    (killed, crashed, ended without releasing), and stops when the lock is released or lost. A run killed with
+    C(kill -9), a controller that dies, or a host the controller no longer reaches therefore blocks others for at
+    most O(renew_period) + O(renew_margin) seconds; a run whose restart takes hours keeps its lock for hours.
+  - O(state=present) with O(token) renews the lock held with that token, and fails when the run no longer holds it
+    (released, broken, or let go after missed renewals).
   - O(state=absent) with O(token) releases the lock this run holds (a lock held with another token is left alone);
     with O(force=true) it breaks the lock, whoever holds it. Either is done when the holder process has exited (at
     most 10 s after it is told to let go); a run waiting for the lock takes it at that moment, which is the normal
@@ -54,12 +63,28 @@ options:
     description: Seconds to wait for another holder to let go.
     type: float
     default: 600
-  lease:
-    description: Seconds after which the holder lets go by itself (for a run killed while holding the lock).
+  renew_period:
+    description: How often the run renews the lock, in seconds.
     type: float
-    default: 3600
+    default: 30
+  renew_margin:
+    description:
+      - Seconds, beyond O(renew_period), that the lock outlives its last renewal; they cover a slow controller or
+        connection. A killed run blocks others at most O(renew_period) + O(renew_margin) seconds.
+    type: float
+    default: 60
+  keep:
+    description:
+      - With O(state=present), whether the run keeps the lock renewed for as long as it lives (see the description).
+      - V(false) takes a lock that nobody renews, so that it ends O(renew_period) + O(renew_margin) seconds after it
+        is taken, or when it is released or broken; for fencing a host by hand for a while with ad-hoc C(ansible),
+        whose run ends as soon as the lock is taken.
+    type: bool
+    default: true
   token:
-    description: With O(state=absent), the RV(token) the lock was taken with.
+    description:
+      - With O(state=absent), the RV(token) the lock was taken with, to release it.
+      - With O(state=present), renew the lock held with this token (see the description).
     type: str
   force:
     description: With O(state=absent) and no O(token), break the lock whoever holds it.
@@ -78,11 +103,23 @@ EXAMPLES = r"""
     timeout: 600
   register: lock
 
+- name: Renew it (the action plugin's keeper does this while the run lives)
+  llmops.inference.host_lock:
+    path: /run/lock/llmops-sglang-qwen.lock
+    token: "{{ lock.token }}"
+
 - name: Release it
   llmops.inference.host_lock:
     path: /run/lock/llmops-sglang-qwen.lock
     state: absent
     token: "{{ lock.token }}"
+
+- name: Fence a host by hand for an hour (ad-hoc ansible ends at once, so nobody renews this lock)
+  llmops.inference.host_lock:
+    path: /run/lock/llmops-sglang-qwen.lock
+    owner: {user: alice, why: maintenance}
+    keep: false
+    renew_margin: 3600
 
 - name: Break a lock left by a run that was killed
   llmops.inference.host_lock:
@@ -116,10 +153,18 @@ acquired_at:
   returned: with O(state=present), outside check mode
   type: str
   sample: "2025-01-01T10:00:00Z"
-lease_until:
-  description: When the holder lets go by itself (UTC).
-  returned: with O(state=present), outside check mode
-  type: str
+renew_period:
+  description: How often the run renews the lock (seconds).
+  returned: with O(state=present), outside check mode, when the lock is taken
+  type: float
+renew_margin:
+  description: Seconds the lock outlives its last renewal, beyond the period.
+  returned: with O(state=present), outside check mode, when the lock is taken
+  type: float
+keeper:
+  description: The pid of the controller process that renews the lock while the run lives.
+  returned: with O(state=present), outside check mode, when the lock is taken
+  type: int
 waited_s:
   description: Seconds waited for the lock.
   returned: with O(state=present), outside check mode
@@ -156,7 +201,9 @@ ARGUMENT_SPEC = dict(
     state=dict(type="str", choices=["present", "absent"], default="present"),
     owner=dict(type="dict", default={}),
     timeout=dict(type="float", default=600),
-    lease=dict(type="float", default=3600),
+    renew_period=dict(type="float", default=30),
+    renew_margin=dict(type="float", default=60),
+    keep=dict(type="bool", default=True),
     token=dict(type="str", no_log=False),
     force=dict(type="bool", default=False),
 )
@@ -167,7 +214,9 @@ def main():
     params = module.params
     try:
         request = LockRequest(
-            **{name: params[name] for name in ("state", "owner", "timeout", "lease", "token", "force")}
+            period=params["renew_period"],
+            margin=params["renew_margin"],
+            **{name: params[name] for name in ("state", "owner", "timeout", "token", "force")},
         )
         result = manage(params["path"], request, module.check_mode)
     except LockBusy as exc:

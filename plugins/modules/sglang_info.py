@@ -29,6 +29,10 @@ description:
     out of range, given twice or missing, tp_size that differs or does not divide by the number of hosts, a GPU list
     that does not hold tp_size / nnodes GPUs, different models or rank-0 addresses - and when this host cannot resolve
     or reach the rank-0 address (a refused connection counts as reached - nothing listens before the engine starts).
+  - With O(drain), refuses engine settings that SGLang's graceful shutdown does not serve, which a unit whose stop
+    relies on that drain cannot run cleanly - C(--pp-size) above 1 (pipeline-parallel schedulers never read
+    C(ShutdownReq)), C(--tokenizer-worker-num) above 1 and C(SGLANG_RUST_SERVER) (no stop hook) - unless
+    O(drain.accept) is set.
   - With O(nvcc_dirs), returns the first C(nvcc) found in them (RV(nvcc)), in the order given; finding none is not a
     failure (only SGLang's JIT-compiled kernels need one, at their first use), the caller decides whether to warn.
 author:
@@ -106,6 +110,18 @@ options:
         type: str
         choices: [auto, nvml, nvidia-smi]
         default: auto
+      pids_visible:
+        description:
+          - Whether the PIDs the NVIDIA driver names are this host's. The driver names a GPU's processes by their PIDs
+            in the host's PID namespace (NVIDIA/nvidia-docker#1483), so a host in a container with a PID namespace of
+            its own cannot find the engine's processes on its GPUs.
+          - With V(false), a host that C(systemd-detect-virt --container) finds to be a container is refused, with a
+            message that says why and what to do. Set V(true) for a container that shares the host's PID namespace
+            (C(docker run --pid=host)).
+          - Either way, a PID the driver lists holding memory on these GPUs that this host's C(/proc) does not show,
+            still listed a moment later, refuses the host.
+        type: bool
+        default: false
   node_group:
     description:
       - A multi-node engine to check this host's place in. Only reads; the address check opens one TCP connection.
@@ -136,9 +152,35 @@ options:
         description: The prefix of the variables that messages name (C(LABEL_node_group), C(LABEL_tp_size), ...).
         type: str
         default: sglang_service
+  drain:
+    description:
+      - The engine's settings to check against SGLang's graceful drain. Only looks at the values given.
+    type: dict
+    suboptions:
+      extra_args:
+        description: The engine's extra command-line arguments (C(--pp-size N), C(--tokenizer-worker-num=N), ...).
+        type: list
+        elements: str
+        default: []
+      environment:
+        description: The engine's environment (C(SGLANG_RUST_SERVER)).
+        type: dict
+        default: {}
+      accept:
+        description:
+          - Accept those settings - every stop then kills the schedulers before they release their GPU memory (the
+            restart's reaper frees it) and cuts the requests in flight.
+        type: bool
+        default: false
 """
 
 EXAMPLES = r"""
+- name: The stop's drain serves the engine's settings (refuses --pp-size 2 unless accepted)
+  llmops.inference.sglang_info:
+    drain:
+      extra_args: [--pp-size, "2"]
+      accept: false
+
 - name: The engine's interpreter runs sglang 0.5.23
   llmops.inference.sglang_info:
     python: /opt/sglang/venv/bin/python
@@ -264,6 +306,7 @@ import os  # noqa: E402 - Ansible modules import after their docs
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 
+from ansible_collections.llmops.inference.plugins.module_utils.drain_support import refusals  # noqa: E402
 from ansible_collections.llmops.inference.plugins.module_utils.gpu_selection import inspect_gpu_list  # noqa: E402
 from ansible_collections.llmops.inference.plugins.module_utils.module_support import command_runner  # noqa: E402
 from ansible_collections.llmops.inference.plugins.module_utils.node_group import (  # noqa: E402
@@ -292,6 +335,7 @@ ARGUMENT_SPEC = dict(
             unit=dict(type="str"),
             label=dict(type="str", default="gpus"),
             backend=dict(type="str", default="auto", choices=["auto", "nvml", "nvidia-smi"]),
+            pids_visible=dict(type="bool", default=False),
         ),
     ),
     node_group=dict(
@@ -302,6 +346,14 @@ ARGUMENT_SPEC = dict(
             views=dict(type="dict", default={}),
             check_address=dict(type="bool", default=True),
             label=dict(type="str", default="sglang_service"),
+        ),
+    ),
+    drain=dict(
+        type="dict",
+        options=dict(
+            extra_args=dict(type="list", elements="str", default=[]),
+            environment=dict(type="dict", default={}),
+            accept=dict(type="bool", default=False),
         ),
     ),
 )
@@ -366,7 +418,7 @@ def inspect_node_group(params: dict) -> tuple:
 def main():
     module = AnsibleModule(
         argument_spec=ARGUMENT_SPEC,
-        required_one_of=[("python", "gpus", "node_group", "nvcc_dirs")],
+        required_one_of=[("python", "gpus", "node_group", "nvcc_dirs", "drain")],
         supports_check_mode=True,
     )
     run_command = command_runner(module)
@@ -392,6 +444,11 @@ def main():
         plan = group_facts.get("node_group") or {}
         if not group_problems and plan.get("nnodes", 1) > 1:
             said.append(f"{module.params['node_group']['host']} is rank {plan['node_rank']} of {plan['nnodes']} nodes")
+    if module.params["drain"]:
+        drain = module.params["drain"]
+        drain_problems = refusals(drain["extra_args"], drain["environment"], drain["accept"])
+        problems.extend(drain_problems)
+        said.extend([] if drain_problems else ["the stop's drain serves the engine's settings"])
     if problems:
         module.fail_json(msg="\n".join(problems), changed=False, **facts)
     module.exit_json(msg="; ".join(said), changed=False, **facts)

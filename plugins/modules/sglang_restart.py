@@ -198,7 +198,11 @@ options:
       token:
         description:
           - The token of a lock the caller holds (from M(llmops.inference.host_lock)); the chain checks that it is
-            still held with it and neither takes nor releases it.
+            still held with it and neither takes nor releases it. The caller's run renews it.
+          - Before each step the chain checks again that the lock is still held (with this token, or the one it took
+            itself). A lock lost meanwhile (broken with O(llmops.inference.host_lock#module:force=true), or let go
+            because its run stopped renewing it) stops the chain before that step with C(failed_step=lock_lost);
+            nothing after it is done, and the result's C(service) fields say the state the unit was left in.
         type: str
       owner:
         description: Who takes the lock, recorded in it and shown to a run that has to wait.
@@ -208,10 +212,25 @@ options:
         description: Seconds to wait for another holder.
         type: float
         default: 600
-      lease:
-        description: Seconds after which a lock left by a killed run lets go by itself.
+      renew_period:
+        description:
+          - How often the lock's run renews it, in seconds. A lock the chain takes itself is renewed by the module
+            for as long as it runs.
         type: float
-        default: 3600
+        default: 30
+      renew_margin:
+        description:
+          - Seconds, beyond O(lock.renew_period), that the lock outlives its last renewal; a killed run blocks others
+            at most O(lock.renew_period) + O(lock.renew_margin) seconds.
+        type: float
+        default: 60
+      retake:
+        description:
+          - When O(lock.token) no longer holds the lock, take it anew at once (without waiting) for this run of the
+            chain, and release it at its end; when another run holds it now, fail at the C(lock) step and change
+            nothing. For the stop of a failed group restart, which must not need the lock it may have lost.
+        type: bool
+        default: false
   known_good:
     description:
       - Where the known-good snapshot is saved after a passing gate. Without O(known_good.root), none is saved.
@@ -280,7 +299,11 @@ options:
   drain_timeout:
     description:
       - Seconds to wait at most, after the removal from the gateways, while the engine's C(/metrics) shows requests
-        running or queued. Those gauges never prove the engine idle; the stop that follows waits for SGLang's own drain.
+        in flight. It reads C(sglang:http_requests_active) (SGLang's live count of HTTP requests, until a stream's
+        last byte), summed over every endpoint but C(/metrics), C(/health*), C(/ready) and C(/ping). Where the engine
+        does not export it, it falls back to the scheduler's gauges C(sglang:num_running_reqs) and
+        C(sglang:num_queue_reqs), which lag and never prove the engine idle. The step's detail and RV(gateway)
+        say which it waited on. Either way the stop that follows waits for SGLang's own drain.
     type: float
     default: 120
   redact:
@@ -308,6 +331,93 @@ options:
         takes no O(gateways).
     type: int
     default: 0
+  reference:
+    description:
+      - The reference gate, after the probe's tiers pass - see the runbook "a deploy was rolled back by the reference
+        gate". The known-good store under O(known_good.root) keeps a reference of how the known-good build behaved -
+        golden outputs (greedy token ids and their logprobs for O(reference.prompts)) and a performance fingerprint
+        (tok/s at each O(reference.concurrency), TTFT and ITL medians, the accept length when speculating; each the
+        median of O(reference.repeats) runs with its spread).
+      - A restart whose engine inputs (the unit's files, its environment file and drop-ins, the SGLang sources and
+        version) differ from the current known-good snapshot's is held to it - the golden continuation scored
+        teacher-forced (SGLang's C(/generate) with C(input_ids), C(return_logprob), C(logprob_start_len) and
+        C(max_new_tokens) 0, or 1 with speculation) and free-running, and the fingerprint measured again. A failure
+        is a failed gate on the C(reference) tier whose reason names each failed check, by how much, and the
+        reference; RV(reference) has every figure.
+      - A passing gate that saved a snapshot records a reference when there is none. Nothing else records one but
+        O(reference.accept).
+    type: dict
+    default: {}
+    version_added: 0.2.0
+    suboptions:
+      mode:
+        description:
+          - V(changed) checks restarts whose engine inputs changed; V(always) every restart; V(off) never (and
+            records none).
+        type: str
+        choices: [changed, always, "off"]
+        default: changed
+      accept:
+        description:
+          - Accept an intended change (a new model, a deliberate numerics change) - after a passing gate the
+            reference is measured and recorded anew, and the C(status) of RV(reference) says V(accepted); nothing is
+            compared.
+        type: bool
+        default: false
+      record_missing:
+        description: Record a reference after a passing gate and snapshot when there is none yet.
+        type: bool
+        default: true
+      prompts:
+        description: The golden prompts, decoded greedily at batch size 1.
+        type: list
+        elements: str
+        default:
+          - Explain in three sentences why the sky is blue.
+          - Write a Python function that returns the n-th Fibonacci number iteratively, with a docstring.
+          - List the planets of the solar system in order from the sun, one per line.
+      max_new_tokens:
+        description: Tokens of each golden output (32 to 64 is enough to catch a drift without costing much).
+        type: int
+        default: 48
+      logprob_tolerance:
+        description:
+          - The largest gap, in nats, between a golden token's teacher-forced logprob now and the recorded one. Run to
+            run on one build at batch size 1 the gap is about 1e-3; a wrong numerics change moves whole nats. With
+            SGLang's C(--enable-deterministic-inference) it can be tightened towards 0.
+        type: float
+        default: 0.1
+      speed_tolerance:
+        description:
+          - How far a new median may fall below the reference's slowest repeat (throughput, accept length) or rise
+            above its slowest (latencies), as a fraction; V(0.1) is 10 %.
+        type: float
+        default: 0.1
+      latency_floor_ms:
+        description: Milliseconds a latency median may add beyond O(reference.speed_tolerance) (noise on any machine).
+        type: float
+        default: 5.0
+      concurrency:
+        description: The concurrency levels of the fingerprint; TTFT, ITL and the accept length are taken at the lowest.
+        type: list
+        elements: int
+        default: [1, 4]
+      requests_per_user:
+        description: Requests per concurrent user in each repeat of each level.
+        type: int
+        default: 2
+      repeats:
+        description: Repeats of each level; each figure is their median, with their spread.
+        type: int
+        default: 3
+      perf_max_new_tokens:
+        description: Tokens of each fingerprint request.
+        type: int
+        default: 64
+      timeout:
+        description: Seconds one reference request may take.
+        type: float
+        default: 120.0
 notes:
   - The role C(llmops.inference.sglang_service) templates a unit this chain restarts (with the C(ExecStop) drain and
     the readiness gate) and calls the chain from C(tasks_from=restart).
@@ -376,6 +486,20 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+reference:
+  description:
+    - The reference gate's result (O(reference)); null when O(reference.mode=off).
+    - C(status) is V(passed), V(failed), V(skipped) (a routine restart, a rank >= 1, no store), V(missing) (none
+      recorded, nothing compared), V(recorded) (the first reference, after the snapshot), V(accepted)
+      (O(reference.accept) recorded it anew), or V(not_recorded). C(reason) says why; C(checks) lists each check
+      (C(check), C(passed), C(detail) and its figures - C(token) and C(gap) for C(logprobs), C(first_difference)
+      for C(greedy_tokens), C(ratio), C(median), C(spread), C(reference_median), C(reference_spread) for the speed
+      figures); C(failed_checks) names the failed ones; C(reference) says which reference (C(recorded_at),
+      C(snapshot_saved_at), C(why), C(settings)); C(fingerprint) the figures measured.
+  returned: always
+  type: dict
+  version_added: 0.2.0
+  sample: {"status": "failed", "failed_checks": ["tok_s_c1"], "reason": "against the reference recorded ..."}
 msg:
   description:
     - One line when the gate passed; after a failure the failing step or tier with its reason, the unit's state
@@ -468,7 +592,10 @@ service:
       type: str
       sample: StartLimitBurst=3 starts within StartLimitIntervalSec=3630 s
     stop_mode:
-      description: C(kill) (a restart loop), C(drain) (a running unit) or C(none) (nothing ran).
+      description:
+        - C(kill) (a restart loop), C(drain) (a running unit), C(none) (nothing ran) or C(ended) (a member of
+          O(node_rank) >= 1 that ended cleanly on rank 0's C(ShutdownReq) and waits for its automatic restart, which
+          the stop cancels).
       type: str
       sample: drain
     start:
@@ -517,8 +644,10 @@ gateway:
   description:
     - With O(gateways), where the worker is - C(worker_url), C(gateways), C(min_healthy), C(removed_from) (the
       gateways that listed it and removed it, or would in check mode), C(draining_on) (those that still listed it
-      as draining when the chain went on), C(drain) (C(idle), C(waited_s), C(running),
-      C(queued)), C(added_to), C(unreachable) (the replicas left aside because they could not be reached),
+      as draining when the chain went on), C(drain) (C(idle), C(waited_s), C(source) - V(http_requests_active) or
+      V(scheduler gauges), null when C(/metrics) did not answer - C(requests) (the count it waited on), C(running),
+      C(queued) (the scheduler's gauges, null where not exported)), C(added_to), C(unreachable) (the replicas left
+      aside because they could not be reached),
       C(left_out) (the replicas that do not have it back after a failure), C(in_gateways) (true once every gateway
       reports it healthy again - with O(gateway_unreachable=warn), every one it could reach - false when it is left
       out of one after a failure, null when nothing was changed) and C(detail). Null without O(gateways).
@@ -530,7 +659,7 @@ gateway:
     min_healthy: 1
     removed_from: [http://10.0.0.9:30080, http://10.0.0.10:30080]
     draining_on: [http://10.0.0.9:30080, http://10.0.0.10:30080]
-    drain: {idle: true, waited_s: 2.4, running: 0, queued: 0}
+    drain: {idle: true, waited_s: 2.4, source: http_requests_active, requests: 0, running: 0, queued: 0}
     added_to: [http://10.0.0.9:30080, http://10.0.0.10:30080]
     unreachable: []
     left_out: []

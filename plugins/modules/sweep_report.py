@@ -27,6 +27,8 @@ description:
     that measured them all (O(benchmark), and O(bench_progress) when that call was cut short), or several failed
     the same way (the point's load failed, O(error), O(not_run)). Once a level failed, the point's heavier levels
     are recorded as not run; RV(stops_point) says why.
+  - O(action=record_arm) records one arm of the proof (O(arm), O(round)) at every level (O(levels)), as
+    O(action=record) records a point, to C(results-prove/<arm id>/r<round>-c<concurrency>.json).
   - With O(resume), O(action=plan) first records the levels that an interrupted run's benchmarks ended on the hosts
     but that never reached the controller (O(leftover_progress)), so they are not measured again.
   - O(action=report) writes C(results.json) (every level record with its raw runs and timestamps, the per-level
@@ -34,6 +36,13 @@ description:
     each rule in words, this run's timing), C(results.csv) (one row per raw run), C(results.md) (the same as
     tables) and, when matplotlib can be imported, C(results.png) (tok/s against steps per load level) and
     C(results-pareto.png) (tok/s per user against tok/s per GPU, frontier marked).
+  - Every report carries the deployable configuration (RV(deployable)) - the static choice with its SGLang
+    arguments, and an adaptive config for SGLang's C(--speculative-adaptive --speculative-adaptive-config FILE)
+    written to C(results-adaptive-config.json) (keys the load levels, C(candidate_steps) the lossless top-k 1
+    points within O(adaptive_margin) of each level's best, other knobs at SGLang's defaults), where each number
+    came from in
+    C(results-adaptive.csv), C(results.md) and C(results.json); refused with SGLang's reason (RV(adaptive_refused))
+    when the swept engines could not run it.
   - Best per level - score = median tok/s - O(mad_penalty) x MAD over the repeat runs, points within O(tolerance)
     of the top score count as equal and the fewest steps (then the lowest top-k, the fewest draft tokens) wins.
     Robust choice - the point with the best worst case, over the load levels, of its median tok/s / that level's
@@ -60,7 +69,7 @@ options:
       - What to do; see the description.
     type: str
     required: true
-    choices: [plan, budget, record, report]
+    choices: [plan, budget, record, record_arm, report]
   results_dir:
     description:
       - The sweep's results directory on the controller (absolute path); created when missing.
@@ -200,6 +209,34 @@ options:
         of the top score (or worst ratio, or SLA throughput) count as equal, and the fewest steps wins among them.
     type: float
     default: 0.02
+  prove_rounds:
+    description:
+      - For O(action=report). Rounds of the proof to plan (RV(prove_plan)) - after the grid, each round loads every
+        arm once (the derived and SGLang's default adaptive config, the best static setting, no speculation, each
+        level's best static point) and measures it at every level, the arms rotated by one each round. 0 plans none.
+    type: int
+    default: 0
+  adaptive_config_path:
+    description:
+      - For O(action=report). Where the derived adaptive config is on the host that runs the proof; the derived
+        arm's drop-in names it.
+    type: str
+  arm:
+    description:
+      - For O(action=record_arm). The arm, as RV(prove_plan) gives it (its C(id) names its records).
+    type: dict
+  round:
+    description:
+      - For O(action=record_arm). The round of the proof, from 1.
+    type: int
+  adaptive_margin:
+    description:
+      - For O(action=plan); recorded in C(sweep.json), where O(action=report) reads it. The adaptive config's
+        C(candidate_steps) at each load level are the steps of the lossless top-k 1 points whose median output tok/s
+        is within this fraction of that level's best median (a point whose record says C(lossless=false) is left
+        out; one without the field counts as lossless).
+    type: float
+    default: 0.02
   unit_status:
     description:
       - For O(action=budget). The engine unit's properties as C(ansible.builtin.systemd_service) returns them in
@@ -280,6 +317,12 @@ options:
         (base64), or as JSON text - read when the benchmark's task did not return the levels itself (it timed out).
         The level under way then is recorded from the time the file says it started.
     type: str
+  lossless:
+    description:
+      - For O(action=record). The point's losslessness as M(llmops.inference.sglang_reference) scored it
+        (C(lossless) true, false or null, C(detail)). A point that is not lossless is shown as such in every report and
+        plot and never chosen as best, robust or SLA point.
+    type: dict
   first_failure:
     description:
       - For O(action=record). Why the point's first load failed, when it was loaded once more (the sweep's
@@ -386,6 +429,39 @@ stability_window:
   returned: success
   type: int
   sample: 0
+adaptive_refused:
+  description:
+    - Why SGLang would not run adaptive speculative decoding on the swept engines (O(action=plan)), in SGLang's words
+      (C(adaptive_unsupported_reason) - only EAGLE/EAGLE3, top-k 1, no attention DP, no multi-layer EAGLE, no
+      two-batch overlap, no PD multiplexing) - C(reason), and C(host) when a host's extra arguments are why; null
+      when it would. The sweep still measures and reports the static choice.
+  returned: success
+  type: dict
+deployable:
+  description:
+    - What a deploy takes from the sweep (O(action=report)) - C(static) (C(rule), C(point), C(args) - its SGLang
+      arguments, C(source)) and C(adaptive) (C(config) - the adaptive config keyed by load level, written to
+      C(results-adaptive-config.json), null when refused or nothing qualifies; C(entries) - per level the best point and
+      every candidate with its median, ratio to the best and host, the points left out and why; C(margin),
+      C(refused), C(reason), C(knobs), C(source)), and C(sglang_default_config) (SGLang's built-in default).
+  returned: success
+  type: dict
+prove_plan:
+  description:
+    - The proof's measuring order (O(action=report) with O(prove_rounds)) - C(round) and C(arm) (C(id), C(kind),
+      C(role), C(dropin) - the speculative point it is applied as).
+  returned: success
+  type: list
+  elements: dict
+proof:
+  description:
+    - The proof (O(action=report), null until arms are recorded) - per arm and level the median over the rounds of
+      its output tok/s over the level's best static point's in the same round (C(ratio), C(low), C(high),
+      C(rounds), C(target), C(verdict) - meets, misses or inconclusive when the spread crosses the target), and
+      C(averaged) - the derived adaptive setting against the best static setting and against SGLang's default
+      adaptive config, averaged over the levels.
+  returned: success
+  type: dict
 level_warnings:
   description: Load levels that SGLang would not run at their nominal concurrency (O(action=plan)).
   returned: success
@@ -485,7 +561,9 @@ timing:
   type: dict
 files:
   description:
-    - The report files written (O(action=report)), by kind (C(json), C(csv), C(markdown), C(png), C(pareto_png)).
+    - The report files written (O(action=report)), by kind (C(json), C(csv), C(markdown), C(png), C(pareto_png),
+      C(adaptive_config) - C(results-adaptive-config.json), C(adaptive_csv) - C(results-adaptive.csv), where each
+      candidate step came from, C(proof_csv) - C(results-proof.csv), the proof's figures).
   returned: success
   type: dict
 plot_skipped:
@@ -504,9 +582,11 @@ from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 from ansible_collections.llmops.inference.plugins.module_utils.sweep_actions import (  # noqa: E402
     host_budget,
     plan_sweep,
+    record_arm,
     record_levels,
     write_reports,
 )
+from ansible_collections.llmops.inference.plugins.module_utils.sweep_adaptive import DEFAULT_ADAPTIVE_MARGIN  # noqa: E402
 from ansible_collections.llmops.inference.plugins.module_utils.sweep_plan import SweepInputError  # noqa: E402
 
 
@@ -515,7 +595,7 @@ def _optional(kind, *names):
 
 
 ARGUMENT_SPEC = {
-    "action": {"type": "str", "required": True, "choices": ["plan", "budget", "record", "report"]},
+    "action": {"type": "str", "required": True, "choices": ["plan", "budget", "record", "record_arm", "report"]},
     "results_dir": {"type": "path", "required": True},
     "steps": {"type": "raw"},
     "topk": {"type": "raw", "default": 1},
@@ -537,12 +617,17 @@ ARGUMENT_SPEC = {
     "apply": {"type": "str", "default": "original", "choices": ["original", "best"]},
     "mad_penalty": {"type": "float", "default": 1.0},
     "tolerance": {"type": "float", "default": 0.02},
+    "adaptive_margin": {"type": "float", "default": DEFAULT_ADAPTIVE_MARGIN},
     "levels": {"type": "list", "elements": "int"},
     "journal": {"type": "list", "elements": "str"},
     "leftover_progress": {"type": "list", "elements": "str"},
     "concurrency_level": {"type": "int"},
+    "arm": {"type": "dict"},
+    "round": {"type": "int"},
+    "prove_rounds": {"type": "int", "default": 0},
+    "adaptive_config_path": {"type": "str"},
     # What one action reads about a host or a point, each optional and with no default.
-    **_optional("dict", "unit_status", "point", "gate", "benchmark"),
+    **_optional("dict", "unit_status", "point", "gate", "benchmark", "lossless"),
     **_optional("str", "run_id", "host", "error", "not_run", "first_failure", "bench_progress"),
     **_optional("float", "role_wait_s", "load_timeout", "apply_s", "load_s"),
     **_optional("float", "point_started_at", "started_at", "finished_at"),
@@ -553,6 +638,7 @@ REQUIRED_BY_ACTION = {
     "plan": ["hosts"],
     "budget": [],
     "record": ["run_id", "point", "host", "started_at", "finished_at"],
+    "record_arm": ["run_id", "arm", "round", "host", "started_at", "finished_at"],
     "report": [],
 }
 
@@ -578,6 +664,12 @@ def main():
             result = host_budget(params)
             shown = "the role's probe wait" if result["load_budget_s"] is None else f"{result['load_budget_s']:.0f} s"
             msg = f"load budget {shown} ({result['source']})"
+        elif action == "record_arm":
+            result = record_arm(params, write=write)
+            outcomes = ", ".join(
+                f"concurrency {record['concurrency']} {record['status']}" for record in result["records"]
+            )
+            msg = f"arm {params['arm'].get('id')}, round {params['round']}: {outcomes}"
         elif action == "record":
             result = record_levels(dict(params, concurrency=params["concurrency_level"]), write=write)
             outcomes = ", ".join(

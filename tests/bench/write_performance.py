@@ -1041,8 +1041,53 @@ def rolling_figures(data: dict) -> list:
     ]
 
 
+# What the reference check may add to a restart with the module's default settings (golden outputs and fingerprint).
+REFERENCE_GATE_BOUND_S = 30.0
+
+
+def reference_gate_figures(data: dict) -> list:
+    """Per load: a restart with the reference check on (its default settings) minus the same restart with it off."""
+    figures = []
+    for load in data["settings"]["loads_s"]:
+        on, off = {"side": "reference_on", "load_s": load}, {"side": "reference_off", "load_s": load}
+        cost = paired(data, on, off, lambda a, b: a["seconds"] - b["seconds"])
+        steps = spread(
+            [step["elapsed_s"] for s in samples(data, **on) for step in s.get("chain_steps") or []
+             if step["name"] == "reference"]
+        )  # fmt: skip
+        figures.append(
+            Figure(
+                f"reference_gate_{load:g}s",
+                f"Reference gate: its cost per restart at a {load:g} s load",
+                "the restart chain with the reference check on (reference.mode always, every other option at its "
+                "default: 3 golden prompts of 48 tokens, a fingerprint of 3 repeats at concurrency 1 and 4) against "
+                "the same chain with it off, on the same host, in alternating order",
+                "the chain's task with the check on",
+                "the chain's task with the check off",
+                cost,
+                " s",
+                f"<= {REFERENCE_GATE_BOUND_S:g} s",
+                at_most(REFERENCE_GATE_BOUND_S),
+                [
+                    f"on {show(seconds(data, **on), ' s')}, off {show(seconds(data, **off), ' s')}; the chain's "
+                    f"reference step itself {show(steps, ' s')}",
+                    *failures(data, **on),
+                    *failures(data, **off),
+                ],
+                "the check's requests: 3 scored and 3 free-running golden outputs, then 3 repeats of 2 and of 8 "
+                "streamed requests of 64 tokens; a restart whose engine inputs did not change skips it",
+            )
+        )
+    return figures
+
+
 BENCHMARKS = {
     "restart": ("Restart", restart_figures, "tests/e2e/test_bench.py -k restart"),
+    "reference_gate": (
+        "Reference gate",
+        reference_gate_figures,
+        "tests/e2e/test_bench_reference.py",
+    ),
     "reap": ("Reap", reap_figures, "tests/e2e/test_bench.py -k reap"),
     "probe": ("Probe", probe_figures, "tests/e2e/test_bench.py -k probe"),
     "progress": ("Progress tier", progress_figures, "tests/e2e/test_bench.py -k hung_engine"),

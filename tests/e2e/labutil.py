@@ -13,10 +13,16 @@ import yaml
 # The probe gate's stability window in the lab's tests: a lab engine that is going to fail does so within a second
 # of its first /health 200, so 2 s refuses it as the role's 5 s default does on a real host. A test of that default
 # window passes role_default("sglang_service_probe_stability_window").
-LAB_GATE = {"sglang_service_probe_stability_window": 2}
+# The reference gate is off in every test but its own (test_reference_gate.py, and the runbooks' fleet, which the
+# reference gate's runbook reads): the tests change engine arguments on purpose (a speculative algorithm on, then off),
+# and the gate would rightly hold each slower change to the known-good's speed.
+LAB_GATE = {"sglang_service_probe_stability_window": 2, "sglang_service_reference": {"mode": "off"}}
 
 # The sglang_service role on a lab host: what differs from a real host is which module the unit launches, and
-# quicker timings.
+# quicker timings. Budgets that a slow machine could outlast keep room for one at least twice as slow: the stop's
+# margin (10 s: a stop whose processes exit in time ends at once, so the margin costs nothing then) and the gate's wait
+# for readiness (120 s for a 1 s load: the gate passes as soon as the engine is ready). The host lock has no budget:
+# its run renews it.
 SERVICE_LAB_VARS = {
     "sglang_service_name": "sglang-svc",
     "sglang_service_python": "/opt/sglang/venv/bin/python",
@@ -27,9 +33,9 @@ SERVICE_LAB_VARS = {
     "sglang_service_restart_sec": 1,
     "sglang_service_drain_timeout": 5,
     "sglang_service_scheduler_exit_sec": 2,
-    "sglang_service_stop_margin_sec": 3,
+    "sglang_service_stop_margin_sec": 10,
     "sglang_service_gpu_free_wait_sec": 1,
-    "sglang_service_probe_wait_timeout": 15,
+    "sglang_service_probe_wait_timeout": 120,
     **LAB_GATE,
 }
 
@@ -237,9 +243,12 @@ FORCE_REINSTALL = (
 def fleet_of(lab, count: int):
     """The lab's first ``count`` hosts as a fleet of their own: ``run_playbook`` deploys and rolls back only them.
 
-    The caller resets the whole lab when it is done (``lab.reset()``)."""
+    The caller resets the whole lab when it is done (``lab.reset()``). The fleet shares the lab's record of the hosts
+    used, so that a ``clean_lab`` test after it, in the same module, finds them blank."""
     assert len(lab.hosts) >= count, f"this fleet needs {count} lab hosts, the lab has {len(lab.hosts)}"
-    return type(lab)(lab.name, lab.inventory, lab.hosts[:count])
+    fleet = type(lab)(lab.name, lab.inventory, lab.hosts[:count])
+    fleet.used = lab.used
+    return fleet
 
 
 def run_playbook(lab, playbook, tmp_path, name, extra=None, inventories=()):
@@ -255,6 +264,13 @@ def run_playbook(lab, playbook, tmp_path, name, extra=None, inventories=()):
     if summary.exists():
         records = {row["host"]: row for row in json.loads(summary.read_text())["hosts"]}
     return proc, records
+
+
+def batch_ran(proc) -> bool:
+    """Whether the play of the batches ran a task (a run refused at preflight plays it with no hosts)."""
+    if "one batch at a time" not in proc.stdout:
+        return False
+    return "TASK [" in proc.stdout.split("one batch at a time", 1)[1].split("PLAY [", 1)[0]
 
 
 def output(proc) -> str:

@@ -20,6 +20,7 @@ from labutil import (
     FORCE_REINSTALL,
     REPO,
     ROLLBACK,
+    batch_ran,
     fleet_of,
     known_good,
     main_pid,
@@ -172,7 +173,7 @@ def test_a_snapshot_whose_stored_content_is_gone_is_refused_before_any_host_chan
     assert proc.returncode != 0, output(proc)
     state = "is missing" if damage == "missing" else "does not match its checksum"
     assert f"the stored content of {SPEC_INFO} ({path}) {state}" in proc.stdout, output(proc)
-    assert "one batch at a time" not in proc.stdout
+    assert not batch_ran(proc), "the rollback got past its preflight"
     assert state_of(fleet) == before
     assert {name: sources_now(fleet, name, [SPEC_INFO, SPEC_REGISTRY, NOTE]) for name in fleet.hosts} == sources
 
@@ -189,5 +190,5 @@ def test_a_snapshot_whose_unit_copy_is_damaged_is_refused_before_any_host_change
         sh(fleet, host, f"echo {kept} | base64 -d > {copy}")
     assert proc.returncode != 0, output(proc)
     assert f"the copy of {FLEET_UNIT_FILE} ({copy}) does not match its checksum" in proc.stdout, output(proc)
-    assert "one batch at a time" not in proc.stdout
+    assert not batch_ran(proc), "the rollback got past its preflight"
     assert state_of(fleet) == before

@@ -85,7 +85,9 @@ def hosts_for(lab, count: int) -> list:
 def test_healthy_host_passes_every_tier_and_the_gate_opens_once_ready(clean_lab):
     lab = clean_lab
     host = lab.hosts[0]
-    start_server(lab, host, load_time=5)  # long enough that the gate is already waiting when the engine is ready
+    # Long enough that the gate is already waiting when the engine is ready, even when the module's own start (an
+    # ad-hoc ansible run) takes seconds on a crowded machine.
+    start_server(lab, host, load_time=15)
     start_ready_watch(lab, host, READY_FILE, path="/ready")
 
     gate = probe(lab, host, wait_timeout=60, stability_window=1, expected_model=MODEL, textfile_path=TEXTFILE)

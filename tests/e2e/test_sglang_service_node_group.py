@@ -52,6 +52,7 @@ UNIT = "sglang-mn.service"
 KEY = "lab-node-group-key-7d21"
 UNIT_PATH = f"/etc/systemd/system/{UNIT}"
 ENV_PATH = "/etc/llmops/sglang-mn.env"
+LOCK = "/run/lock/llmops-sglang-mn.lock"
 
 
 def group_vars(lab, **overrides) -> dict:
@@ -148,17 +149,32 @@ def test_a_two_host_engine_is_refused_whole_then_rendered_and_ranks_start_togeth
     assert answers(lab, rank1, "/model_info") == 404
     assert "Dummy health check server started" in sh(lab, rank1, f"journalctl -u {UNIT} --no-pager")
 
-    # Rank 0's stop drains, and its ShutdownReq ends rank 1's engine too, cleanly.
-    sh(lab, rank0, f"systemctl stop {UNIT}")
+    # A plain `systemctl restart` of rank 0, outside the chain: its ShutdownReq ends rank 1 cleanly (exit 0, as the
+    # real rank >= 1 returns), Restart=always brings rank 1 back by itself into the rendezvous, and the group serves
+    # again with no further command, within dist_timeout (60 s) plus load time plus a margin. Rank 0 restarted as asked
+    # and never crashed: its NRestarts (automatic restarts only) stays 0.
+    since = sh(lab, rank1, "date '+%Y-%m-%d %H:%M:%S'").strip()
+    sh(lab, rank0, f"systemctl restart --no-block {UNIT}")
     wait_until(
-        lambda: sh(lab, rank1, f"systemctl show -P ActiveState {UNIT}").strip() == "inactive",
+        lambda: int(sh(lab, rank1, f"systemctl show -P NRestarts {UNIT}").strip() or 0) >= 1,
         60,
-        "rank 1 to stop with rank 0",
+        "rank 1 to end with rank 0 and come back by itself",
         interval=0.2,
     )
+    wait_healthy(lab, rank0, timeout=60 + 120)
+    assert answers(lab, rank0, "/v1/models") == 200
+    wait_healthy(lab, rank1, timeout=60)
+    assert sh(lab, rank0, f"systemctl show -P NRestarts {UNIT}").strip() == "0"
+    journal = sh(lab, rank1, f"journalctl -u {UNIT} --no-pager --since '{since}'")
+    assert "Scheduled restart job" in journal, journal
+    assert "Failed with result" not in journal, journal
+
+    # A hand-run stop of rank 1 has no drain to wait for: its schedulers end on systemd's SIGTERM, well before its
+    # short TimeoutStopSec would SIGKILL them (Result=timeout).
+    sh(lab, rank1, f"systemctl stop {UNIT}")
     assert titles(lab, rank1) == []
-    shown = sh(lab, rank1, f"systemctl show -p Result -p ExecMainStatus {UNIT}").split()
-    assert set(shown) == {"Result=success", "ExecMainStatus=0"}, shown
+    result = sh(lab, rank1, f"systemctl show -P Result {UNIT}").strip()
+    assert result != "timeout", result
 
 
 # -- the group restarts as one -------------------------------------------------------------------------------
@@ -176,11 +192,12 @@ class Deployed:
     # What every engine gets once the gateway runs (test_deploy_in_batches...): listen on the lab address, behind it.
     behind: dict = field(default_factory=dict)
 
-    def apply(self, name: str, rank0=None, rank1=None, single=None) -> tuple:
+    def apply(self, name: str, rank0=None, rank1=None, single=None, shared=None) -> tuple:
         """The role on the three hosts: the group's settings and each host's own (``rank0``, ...) as inventory host
-        variables (extra variables would reach every host), the shared lab settings as extra variables."""
+        variables (extra variables would reach every host), the shared lab settings (and ``shared``) as extra
+        variables."""
         inventory, extra = self._layer(name, rank0, rank1, single)
-        proc = self.lab.playbook(PLAYBOOKS / "service_role.yml", extra, inventories=(inventory,))
+        proc = self.lab.playbook(PLAYBOOKS / "service_role.yml", {**extra, **(shared or {})}, inventories=(inventory,))
         return proc, output(proc)
 
     def deploy(self, name: str, rank0=None, rank1=None, single=None) -> tuple:
@@ -318,6 +335,50 @@ def test_rank_1_crashing_in_the_restart_fails_the_group_naming_it_and_leaves_bot
         assert titles(lab, host) == [], host
         assert gpu_claims(lab, host) == {}, host
     assert deployed.pids()[single] == single_pid
+
+
+def test_the_group_restarts_lock_taken_away_mid_phase_stops_the_group_naming_it(deployed, tmp_path):
+    """The lock of rank 1 is broken while its engine loads (a slow load): the run stops changing hosts, names the
+    lost lock, and stops both ranks (the stop after the failure takes the free lock anew), so that no rank runs
+    with the other's inputs."""
+    lab, rank0, rank1 = deployed.lab, deployed.rank0, deployed.rank1
+    before = deployed.pids()
+    slow = {
+        "sglang_service_extra_args": ["--sim-load-time", "60"],
+        "sglang_service_probe_wait_timeout": 600,  # the gate waits for the slow load
+    }
+    release = {"sglang_service_environment": {"LLMOPS_TEST_RELEASE": "lost-lock"}}
+    result = {}
+    run = threading.Thread(
+        target=lambda: result.update(zip(("proc", "out"), deployed.apply("lost-lock", rank1=release, shared=slow)))
+    )
+    run.start()
+    try:
+        wait_until(
+            lambda: (
+                unit_show(lab, rank1, UNIT)["ActiveState"] == "activating"
+                and int(unit_show(lab, rank1, UNIT)["MainPID"] or 0) not in (0, before[rank1])
+            ),
+            600,
+            "rank 1's slow load",
+        )
+        broken = lab.module(rank1, "llmops.inference.host_lock", {"path": LOCK, "state": "absent", "force": True})
+        assert broken["changed"] is True, broken
+    finally:
+        run.join(900)
+    proc, out = result["proc"], result["out"]
+    assert proc.returncode != 0
+    assert f"lost the host lock {LOCK}" in out, out
+    for host in (rank0, rank1):
+        shown = unit_show(lab, host, UNIT)
+        assert shown["ActiveState"] == "inactive" and shown["MainPID"] == "0", (host, shown, out[-4000:])
+        assert titles(lab, host) == [], host
+    # (The single-node engine restarted too: the slow load's arguments, extra variables, reached its unit as well.)
+    for host in (rank0, rank1):
+        assert lab.module(host, "llmops.inference.host_lock", {"path": LOCK}, check=True)["held"] is False
+    # The group serves again after a run of the role on it (the next test starts from a serving group).
+    proc, out = deployed.apply("after-lost-lock", rank1=release)
+    assert proc.returncode == 0, out
 
 
 def workers(deployed) -> list:

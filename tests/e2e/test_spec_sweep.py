@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import pytest
+from labutil import LAB_GATE
 
 pytestmark = pytest.mark.lab
 
@@ -39,15 +40,15 @@ ROLE_VARS = {
     "sglang_service_speculative_algorithm": "EAGLE",
     "sglang_service_speculative_num_steps": 3,
     "sglang_service_speculative_eagle_topk": 1,
-    # A stop budget of 15 s (drain 5 s + SGLang's drain check 5 s + scheduler exit 2 s + margin 3 s), as in
-    # labutil.SERVICE_LAB_VARS: a level's requests have all ended before the next point restarts the engine, and a
-    # hung engine is killed 15 s into its stop instead of 45 s.
+    # A stop budget of 32 s (drain 5 s + SGLang's drain check 5 s + scheduler exit 2 s + shutdown tail 10 s + margin
+    # 10 s), as in labutil.SERVICE_LAB_VARS: a level's requests have all ended before the next point restarts the
+    # engine, and a machine twice as slow still stops in time.
     "sglang_service_drain_timeout": 5,
     "sglang_service_scheduler_exit_sec": 2,
-    "sglang_service_stop_margin_sec": 3,
+    "sglang_service_stop_margin_sec": 10,
     "sglang_service_restart_sec": 2,
-    # A sweep killed inside a restart chain leaves the host lock to its lease; keep that short in the lab.
-    "sglang_service_lock_lease_sec": 120,
+    # The sweep's points change the engine's speed on purpose: the reference gate is tested on its own.
+    "sglang_service_reference": LAB_GATE["sglang_service_reference"],
     "sglang_service_lock_timeout": 150,
     "sglang_service_extra_args": [
         "--sim-load-time", "1",
@@ -135,6 +136,8 @@ def sweep_vars(results_dir: Path, hosts: str, steps: list, **extra) -> dict:
         # The lab's nspawn hosts now and then fail a start with status=219/CGROUP right after a stop; one more
         # restart rides that out (an out-of-memory load fails again and stays failed).
         sweep_retry_failed_load=True,
+        # The proof of the deployable configuration has tests of its own (test_spec_sweep_adaptive.py).
+        sweep_prove_rounds=0,
     )
     variables.update(extra)
     return variables

@@ -14,7 +14,6 @@ status=9.
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -128,7 +127,13 @@ def host(lab, tmp_path_factory):
 
 
 def since_now(lab, host: str) -> str:
-    return sh(lab, host, "date '+%Y-%m-%d %H:%M:%S'").strip()
+    """The host's next whole second, once its clock reached it: what the journal logs from then on is this test's
+    alone (``journalctl --since`` counts whole seconds, and the test before may have logged in the current one)."""
+    return sh(
+        lab,
+        host,
+        'now=$(date +%s); until [ "$(date +%s)" -gt "$now" ]; do sleep 0.05; done; date \'+%Y-%m-%d %H:%M:%S\'',
+    ).strip()
 
 
 def journal_since(lab, host: str, since: str) -> str:
@@ -186,7 +191,6 @@ def stop_began(lab, host: str, since: str) -> float:
 def test_requests_sent_just_before_a_restart_of_an_idle_engine_and_of_a_busy_one_all_complete(lab, host, tmp_path, how):
     tokens = 300
     mark = since_now(lab, host)
-    time.sleep(1)
     if how == "systemctl":
         restart = f"systemctl restart {UNIT}"
         idle, last_sent, began = burst(lab, host, tokens, "idle", restart)
@@ -251,7 +255,6 @@ def test_a_request_the_gauges_do_not_show_yet_is_not_cut(lab, host):
     )
     sh(lab, host, f"rm -f {out}; cat > /run/stop_single.py <<'PYEOF'\n{script}PYEOF")
     mark = since_now(lab, host)
-    time.sleep(1)
     sh(lab, host, f"(python3 /run/stop_single.py) </dev/null >/dev/null 2>&1 & sleep 0.1; systemctl restart {UNIT}")
     seen = json.loads(sh(lab, host, f"until [ -s {out} ]; do sleep 0.2; done; cat {out}", timeout=300))
     assert seen == {"done": True, "tokens": 300}, seen
@@ -295,7 +298,6 @@ def test_a_gateway_drained_restart_under_steady_load_loses_nothing(lab, host, tm
     assert join.ok, join.output
     assert join.gate()["gateway"]["in_gateways"] is True
     mark = since_now(lab, host)
-    time.sleep(1)
     out, stop = "/run/stop_gateway_load.json", "/run/stop_gateway_load.stop"
     # The load sends until the stop file exists (at most 180 s): both restarts run under it, then it ends.
     sh(
@@ -307,7 +309,7 @@ def test_a_gateway_drained_restart_under_steady_load_loses_nothing(lab, host, tm
     )
     # Two restarts under the load, each through the gateway drain.
     for attempt in (1, 2):
-        time.sleep(5)
+        sh(lab, host, f"python3 - <<'EOF'\n{RUNNING.replace('>= 16', '>= 1') % KEY}\nEOF", timeout=90)
         run = run_play(lab, tmp_path, host, "service_restart", BEHIND_GATEWAY, f"restart{attempt}")
         assert run.ok, run.output
         gate = run.gate()
@@ -323,3 +325,51 @@ def test_a_gateway_drained_restart_under_steady_load_loses_nothing(lab, host, tm
     assert summary["requests"] > 16, summary
     assert summary["failed"] == 0 and summary["truncated"] == 0, summary
     assert_clean_stops(journal_since(lab, host, mark), 2)
+
+
+def test_a_stream_that_outlives_the_drain_budget_is_aborted_not_cut_and_the_stop_stays_clean(lab, host, tmp_path):
+    """A 20 s drain budget and a stream of about 60 s, through a plain ``systemctl restart``: at the end of the budget
+    the stop aborts it (POST /abort_request with the key), the client gets its answer with an abort finish reason
+    instead of a cut connection, and SGLang's own shutdown ends the unit: Result=success, exit 0, no SIGQUIT, no
+    "crashed", and the GPU free again for the start that follows."""
+    short = {**SERVICE, "sglang_service_drain_timeout": 20}
+    up = run_play(lab, tmp_path, host, "service_role", short, "short_budget")
+    assert up.ok, up.output
+    out = "/run/stop_long.json"
+    script = (
+        "import json, os, urllib.request\n"
+        "body = json.dumps({'text': 'A long one', 'stream': True, 'sampling_params': {'max_new_tokens': 6000}})\n"
+        f"headers = {{'Content-Type': 'application/json', 'Authorization': 'Bearer {KEY}'}}\n"
+        "request = urllib.request.Request('http://127.0.0.1:30000/generate', body.encode(), headers)\n"
+        "seen = {'done': False, 'finish_reason': None, 'tokens': None, 'error': None}\n"
+        "try:\n"
+        "    with urllib.request.urlopen(request, timeout=600) as answer:\n"
+        "        for raw in answer:\n"
+        "            line = raw.decode().strip()\n"
+        "            if line == 'data: [DONE]':\n"
+        "                seen['done'] = True\n"
+        "            elif line.startswith('data:'):\n"
+        "                meta = json.loads(line[5:])['meta_info']\n"
+        "                seen['finish_reason'], seen['tokens'] = meta['finish_reason'], meta['completion_tokens']\n"
+        "except Exception as exc:\n"
+        "    seen['error'] = repr(exc)\n"
+        f"open('{out}.tmp', 'w').write(json.dumps(seen))\n"
+        f"os.replace('{out}.tmp', '{out}')\n"
+    )
+    sh(lab, host, f"rm -f {out}; cat > /run/stop_long.py <<'PYEOF'\n{script}PYEOF")
+    mark = since_now(lab, host)
+    sh(lab, host, "(python3 /run/stop_long.py) </dev/null >/dev/null 2>&1 &")
+    sh(lab, host, f"python3 - <<'EOF'\n{RUNNING.replace('>= 16', '>= 1') % KEY}\nEOF", timeout=90)
+    sh(lab, host, f"systemctl restart {UNIT}", timeout=600)
+    seen = json.loads(sh(lab, host, f"until [ -s {out} ]; do sleep 0.2; done; cat {out}", timeout=300))
+    assert seen["error"] is None and seen["done"] is True, seen
+    assert seen["finish_reason"]["type"] == "abort", seen
+    assert 0 < seen["tokens"] < 6000, seen
+    journal = journal_since(lab, host, mark)
+    assert_clean_stops(journal, 1)
+    assert "aborted every request (POST /abort_request abort_all)" in journal, journal
+    assert "its requests aborted at the end of the drain budget" in journal, journal
+    # The stop ended as SGLang's own shutdown does, and the start after it found the GPU free (its gate passed).
+    assert "exited, status=0/SUCCESS" in journal or "Deactivated successfully" in journal, journal
+    assert sh(lab, host, f"systemctl is-active {UNIT}").strip() == "active"
+    assert sh(lab, host, f"systemctl show -P NRestarts {UNIT}").strip() == "0"

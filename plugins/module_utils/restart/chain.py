@@ -53,6 +53,10 @@ from ansible_collections.llmops.inference.plugins.module_utils.restart.options i
     ChainOptions,
 )
 from ansible_collections.llmops.inference.plugins.module_utils.restart.plan import check_mode_plan, stop_mode
+from ansible_collections.llmops.inference.plugins.module_utils.restart.reference_gate import (
+    REFERENCE_TIER,
+    ReferenceGate,
+)
 from ansible_collections.llmops.inference.plugins.module_utils.restart.result import (
     ChainFailure,
     ChainResult,
@@ -72,6 +76,24 @@ UNEXPLAINED_STEPS = ("lock", "unit", "gateway_drain")
 # How long a rank >= 1 may take to end after rank 0's stop: rank 0's ShutdownReq broadcast stops its schedulers,
 # which SGLang's rank 0 waits for up to 15 s (the stop budget's scheduler exit); a SIGTERM of its own only logs.
 FOLLOWER_EXIT_S = 30.0
+# A rank >= 1 that rank 0's ShutdownReq ended exits 0 (engine.py `_launch_subprocesses`, http_server.py
+# `launch_server`); its unit (Restart=always) then waits to come back, in this state, which is the end of its run.
+AUTO_RESTART = "auto-restart"
+CLD_EXITED = "1"  # ExecMainCode of a main process that exited (not killed, not dumped)
+
+
+def ended_cleanly(state) -> bool:
+    """The unit waits for its automatic restart after its main process exited 0: a run that ended, not a crash loop
+    (which reads Result=exit-code, signal, ...)."""
+    props = state.properties
+    return (
+        state.sub_state == AUTO_RESTART
+        and props.get("Result") == "success"
+        and props.get("ExecMainCode") == CLD_EXITED
+        and props.get("ExecMainStatus") == "0"
+    )
+
+
 # What tells one start from another; a gate run apart from its start knows no state before it.
 START_MARKS = ("InvocationID", "InactiveExitTimestampMonotonic")
 
@@ -205,7 +227,9 @@ class RestartChain:
         self._conclude(gate, checked)
 
     def _conclude(self, gate: dict, checked) -> None:
-        """After the last gate: back into the gateways and a snapshot on a pass; the explanation after a failure."""
+        """After the last gate: the reference, back into the gateways and a snapshot on a pass; the explanation
+        after a failure."""
+        reference = self._reference_check(gate)
         self.result.take_gate(gate, checked.final_state)
         try:
             self._gateway_rejoin(gate)
@@ -214,8 +238,57 @@ class RestartChain:
             return
         if gate["healthy"]:
             self._snapshot()
+            self._reference_record(reference, gate)
         else:
             self._after_failed_gate(gate)
+
+    # -- the reference ------------------------------------------------------------------------------
+
+    def _reference_check(self, gate: dict) -> ReferenceGate | None:
+        """After the probe's tiers passed: hold the engine to its reference when this restart changed its inputs."""
+        if not gate["healthy"]:
+            return None
+        engine = self.host.reference_engine(self.options.reference)
+        reference = ReferenceGate(self.options, self.host, engine)
+        if self.options.reference["mode"] == "off":
+            self.result.reference = reference.result
+            return None
+        began = self.clock()
+        with self.steps.run("reference") as step:
+            case = reference.plan()
+            if case == "check":
+                verdict = reference.check(bool((gate.get("speculative") or {}).get("algorithm")))
+                tier = {"name": REFERENCE_TIER, "status": "ok" if verdict["healthy"] else "failed"}
+                if not verdict["healthy"]:
+                    gate.update(verdict)
+                    tier["reason"] = verdict["reason"]
+                tier["elapsed_s"] = round(self.clock() - began, 3)
+                gate["tiers"] = [*(gate.get("tiers") or []), tier]
+                step["status"] = tier["status"]
+            else:
+                step["status"] = "skipped" if case == "skipped" else "planned"
+            step["detail"] = reference.result["reason"]
+        self.result.reference = reference.result
+        return reference
+
+    def _reference_record(self, reference: ReferenceGate | None, gate: dict) -> None:
+        """After a passing gate and its snapshot: record the reference when there is none, or when accepted."""
+        if reference is None or reference.case not in ("missing", "accept") or self.result.failed_step:
+            return
+        if reference.case == "missing" and not self.options.reference["record_missing"]:
+            return
+        with self.steps.run("reference_record") as step:
+            try:
+                snapshot = self.host.store(self.options.known_good.root).read("current")
+            except (SnapshotError, OSError):
+                snapshot = None
+            speculative = bool((gate.get("speculative") or {}).get("algorithm"))
+            recorded = reference.record(speculative, snapshot, gate.get("model") or {})
+            step["detail"] = recorded["reason"]
+            if recorded["status"] == "not_recorded":
+                step["status"] = "failed"
+                self.warnings.append(recorded["reason"])
+        self.result.reference = reference.result
 
     def _attempt(self, state, attempt: int) -> tuple:
         """Stop, reap, start and gate once; ``(gate, the Gate that decided it)``."""
@@ -228,6 +301,8 @@ class RestartChain:
 
     def _gate(self, state, attempt: int, soak: int) -> tuple:
         checked = Gate(self.host)
+        if self.steps.guard is not None:  # the wait for readiness may take minutes: the lock is checked at each poll
+            checked.watch = lambda: self.steps.guard("gate", during=True)
         with self.steps.run("gate", attempt) as step:
             gate = checked.run(state, soak=soak)
             step["status"] = "ok" if gate["healthy"] else "failed"
@@ -259,7 +334,7 @@ class RestartChain:
         """Stop and reap; the unit stays stopped until the start phase."""
         self.result.changed, self.result.healthy = True, None
         state = before
-        if self.options.node_rank and stop_mode(state, self.host.engine_not_ready)[0] == "drain":
+        if self.options.node_rank and stop_mode(state, self.host.serving_check())[0] == "drain":
             # Running, not looping: it ends on rank 0's ShutdownReq, which the stop of rank 0 just sent.
             state = self._await_rank0_shutdown(state)
         self._stop(state, 1)
@@ -270,14 +345,15 @@ class RestartChain:
         """A rank >= 1 ends once rank 0's drain broadcast ShutdownReq; the unit's state when it did, or gave up."""
         with self.steps.run("follow_rank0") as step:
             deadline = self.clock() + FOLLOWER_EXIT_S
-            while state.is_running and self.clock() < deadline:
+            while state.is_running and not ended_cleanly(state) and self.clock() < deadline:
                 self.host.sleep(POLL_S)
                 state = self.host.read_unit("follow_rank0")
-            step["detail"] = (
-                f"ended after rank 0's stop ({state.active_state})"
-                if not state.is_running
-                else f"still {state.active_state} {FOLLOWER_EXIT_S:g} s after rank 0's stop"
-            )
+            if ended_cleanly(state):
+                step["detail"] = f"ended after rank 0's stop ({AUTO_RESTART}: its automatic restart is pending)"
+            elif not state.is_running:
+                step["detail"] = f"ended after rank 0's stop ({state.active_state})"
+            else:
+                step["detail"] = f"still {state.active_state} {FOLLOWER_EXIT_S:g} s after rank 0's stop"
         return state
 
     def _start_phase(self, before) -> None:
@@ -311,8 +387,16 @@ class RestartChain:
     # -- stop, reap, start ----------------------------------------------------------------------
 
     def _stop(self, state, attempt: int) -> None:
-        mode, why = stop_mode(state, self.host.engine_not_ready)
-        if mode == "drain" and self.options.node_rank:
+        mode, why = stop_mode(state, self.host.serving_check())
+        if self.options.node_rank and ended_cleanly(state):
+            # Ended, not failing: rank 0's ShutdownReq ended it cleanly and Restart=always would bring it back
+            # alone; the stop cancels that restart, and the group's start brings every rank back together.
+            mode = "ended"
+            why = (
+                f"node_rank {self.options.node_rank} ended cleanly on rank 0's ShutdownReq ({state.active_state}, "
+                f"{AUTO_RESTART}): its automatic restart cancelled, the group's start brings it back"
+            )
+        elif mode == "drain" and self.options.node_rank:
             # SGLang's rank >= 1 only logs a SIGTERM and waits for rank 0's ShutdownReq (engine.py
             # `_launch_subprocesses`): an ExecStop drain would wait out its budget. It serves no request.
             mode = "kill"

@@ -97,6 +97,8 @@ class Gate:
         self.ready_state = None
         self.final_state = None
         self.soak = None
+        # Called at each poll of the wait for readiness (the host lock's check; it raises when the lock is lost).
+        self.watch = None
 
     def run(self, before, soak: int) -> dict:
         gate = self._wait_ready(before)
@@ -109,6 +111,8 @@ class Gate:
         seen = Readiness(start=self.clock())
         deadline = seen.start + self.options.ready_timeout
         while True:
+            if self.watch is not None:
+                self.watch()
             now = self.clock()
             state = self.runners.read_unit("gate")
             verdict = self._poll(state, before, now, seen)

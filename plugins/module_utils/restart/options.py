@@ -25,6 +25,11 @@ from ansible_collections.llmops.inference.plugins.module_utils.probe_settings im
     ProbeSettings,
     gate_probe_spec,
 )
+from ansible_collections.llmops.inference.plugins.module_utils.reference_settings import (
+    REFERENCE_SPEC,
+    ReferenceInputError,
+    parse_reference_options,
+)
 from ansible_collections.llmops.inference.plugins.module_utils.sglang import server_argument_spec, validate_url
 from ansible_collections.llmops.inference.plugins.module_utils.systemd import normalize_unit_name
 
@@ -64,7 +69,9 @@ ARGUMENT_SPEC = dict(
             token=dict(type="str", no_log=False),
             owner=dict(type="dict", default={}),
             timeout=dict(type="float", default=600),
-            lease=dict(type="float", default=3600),
+            renew_period=dict(type="float", default=30),
+            renew_margin=dict(type="float", default=60),
+            retake=dict(type="bool", default=False),
         ),
     ),
     known_good=dict(
@@ -90,6 +97,7 @@ ARGUMENT_SPEC = dict(
     fail_on_unhealthy=dict(type="bool", default=True),
     phase=dict(type="str", choices=list(PHASES), default=PHASE_ALL),
     node_rank=dict(type="int", default=0),
+    reference=dict(type="dict", default={}, options=REFERENCE_SPEC),
 )
 
 
@@ -103,7 +111,9 @@ class LockOptions:
     token: str | None
     owner: dict
     timeout: float
-    lease: float
+    renew_period: float
+    renew_margin: float
+    retake: bool
 
 
 @dataclass
@@ -149,6 +159,7 @@ class ChainOptions:
     secrets: tuple
     phase: str
     node_rank: int
+    reference: dict
 
 
 def parse_chain_options(params: dict) -> ChainOptions:
@@ -180,6 +191,7 @@ def parse_chain_options(params: dict) -> ChainOptions:
         secrets=tuple(params["redact"] or ()),
         phase=_phase(params["phase"]),
         node_rank=_node_rank(params["node_rank"]),
+        reference=_reference(params.get("reference")),
     )
     if options.node_rank and options.gateway.urls:
         raise ChainInputError(
@@ -189,6 +201,13 @@ def parse_chain_options(params: dict) -> ChainOptions:
         )
     _check_probe(options)
     return options
+
+
+def _reference(given) -> dict:
+    try:
+        return parse_reference_options(given)
+    except ReferenceInputError as exc:
+        raise ChainInputError(exc.option, str(exc)) from None
 
 
 def _phase(phase) -> str:
@@ -235,7 +254,9 @@ def _lock_options(lock: dict) -> LockOptions:
         token=lock["token"] or None,
         owner=dict(lock["owner"] or {}),
         timeout=_number(lock, "lock.timeout"),
-        lease=_number(lock, "lock.lease", above=True),
+        renew_period=_number(lock, "lock.renew_period", above=True),
+        renew_margin=_number(lock, "lock.renew_margin"),
+        retake=bool(lock.get("retake")),
     )
     if options.token and not options.path:
         raise ChainInputError("lock.token", "lock.token needs lock.path, the lock it was taken on")

@@ -46,7 +46,7 @@ def check_mode_plan(runners: HostRunners, result: ChainResult, before, drain) ->
     phase = options.phase
     plan, mode = {}, None
     if phase not in (PHASE_START, PHASE_GATE):
-        mode, why = stop_mode(before, runners.engine_not_ready)
+        mode, why = stop_mode(before, runners.serving_check())
         if mode == "drain" and options.node_rank:
             mode, why = "kill", f"{why}; node_rank {options.node_rank} serves no request: killed, not drained"
         plan["stop"] = {"mode": mode, "why": why}
@@ -56,6 +56,8 @@ def check_mode_plan(runners: HostRunners, result: ChainResult, before, drain) ->
         plan["start"] = f"systemctl start --no-block {options.unit}"
     if phase not in (PHASE_STOP, PHASE_START):
         plan["gate"] = _gate_plan(options)
+        if options.reference["mode"] != "off":
+            plan["reference"] = _reference_plan(options)
         plan["snapshot"] = options.known_good.root
     if drain:
         plan["gateway"] = _gateway_plan(options, drain)
@@ -90,6 +92,19 @@ def _gate_plan(options: ChainOptions) -> str:
         f"wait up to {options.ready_timeout:g} s for the server to be ready, then probe "
         f"{', '.join(tiers)} with a stability window of {options.stability_window:g} s"
         + (f" and a soak of {options.soak} generations if the reap finds holders" if options.soak else "")
+    )
+
+
+def _reference_plan(options: ChainOptions) -> str:
+    settings = options.reference
+    if options.node_rank:
+        return f"none: node_rank {options.node_rank} serves no API"
+    if settings["accept"]:
+        return "record the reference anew after a passing gate (reference.accept)"
+    when = "on every restart" if settings["mode"] == "always" else "when the engine inputs changed since the known-good"
+    return (
+        f"{when}: score the golden outputs (logprob tolerance {settings['logprob_tolerance']:g}) and measure the "
+        f"fingerprint (speed tolerance {settings['speed_tolerance']:.0%}); record one if there is none"
     )
 
 

@@ -80,9 +80,13 @@ class Steps:
     def __init__(self, clock):
         self.clock = clock
         self.items = []
+        # Called with a step's name before the step begins (the host lock's check that it is still held).
+        self.guard = None
 
     @contextmanager
     def run(self, name: str, attempt: int = 1):
+        if self.guard is not None:
+            self.guard(name)
         entry = {"name": name, "attempt": attempt, "status": "ok", "detail": "", "elapsed_s": 0.0}
         self.items.append(entry)
         started = self.clock()
@@ -145,6 +149,7 @@ class ChainResult:
     plan: dict | None = None
     phase: str | None = None
     node_rank: int | None = None
+    reference: dict | None = None
 
     def fail(self, failure: ChainFailure) -> None:
         self.healthy, self.failed_step, self.reason = False, failure.step, failure.reason
@@ -183,6 +188,7 @@ class ChainResult:
             "gateway": self.gateway,
             "phase": self.phase,
             "node_rank": self.node_rank,
+            "reference": self.reference,
         }
         if self.plan is not None:
             result["plan"] = self.plan
@@ -216,7 +222,9 @@ class ChainResult:
             return f"{self.unit} (node_rank {self.node_rank}) phase {self.phase}: {done} after {elapsed_s:.1f} s"
         if self.healthy:
             rejoined = " and is back in its gateway(s)" if (self.gateway or {}).get("in_gateways") else ""
-            return f"{self.unit} passed its gate after {elapsed_s:.1f} s (MainPID {self.main_pid}){rejoined}"
+            reference = (self.reference or {}).get("status")
+            held = f"; reference {reference}" if reference in ("passed", "recorded", "accepted") else ""
+            return f"{self.unit} passed its gate after {elapsed_s:.1f} s (MainPID {self.main_pid}){rejoined}{held}"
         lines = [self._failure_line()]
         if self.active_state:
             lines.append(self._unit_line())

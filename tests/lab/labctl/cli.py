@@ -142,6 +142,14 @@ def build_parser() -> argparse.ArgumentParser:
                 f"(default {payload.simgpu_state.DEFAULT_RESERVED_MIB}, an idle {payload.GPU_NAME}'s)",
             )
 
+            cmd.add_argument(
+                "--gpu-host-pids",
+                action="store_true",
+                help="the simulated GPUs list holders by PIDs of the outer host's namespace, as a real driver does on "
+                f"a container host (each PID plus {payload.simgpu_state.CONTAINER_HOST_PID_OFFSET}, absent from the "
+                "host's /proc); off by default",
+            )
+
     ex = sub.add_parser("exec", help="run a command inside a host (no SSH), e.g. lab exec lab1 -- systemctl status")
     ex.add_argument("--name", type=_lab_name, default="lab")
     ex.add_argument("host")
@@ -177,6 +185,7 @@ def cmd_up(args) -> int:
                 "gpus": args.gpus,
                 "mig": {str(gpu): spec for gpu, spec in mig.items()},
                 "gpu_reserved_mib": args.gpu_reserved_mib,
+                "gpu_host_pids": args.gpu_host_pids,
                 "hosts": [],
                 "status": "starting",
                 "rootfs": str(rootfs),
@@ -199,6 +208,7 @@ def cmd_up(args) -> int:
                 simgpu_build,
                 mig,
                 reserved_mib=args.gpu_reserved_mib,
+                host_pids=args.gpu_host_pids,
                 cache_module_code=args.cache_module_code,
                 sim_env=dict(args.sim_env),
             )
@@ -221,7 +231,7 @@ def cmd_up(args) -> int:
             entry["init_pid"] = hosts.wait_booted(
                 entry["name"], entry["nspawn_pid"], entry["address"], state.run_dir / f"{entry['name']}.console.log"
             )
-        state.inventory.write_text(inventory.render(data["hosts"], state.key, args.gpus))
+        state.inventory.write_text(inventory.render(data["hosts"], state.key, args.gpus, args.gpu_host_pids))
         data["status"] = "up"
         state.save(data)
     except BaseException as exc:

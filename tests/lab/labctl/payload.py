@@ -110,6 +110,7 @@ def install(
     simgpu_build: Path,
     mig: dict[int, str] | None = None,
     reserved_mib: int = simgpu_state.DEFAULT_RESERVED_MIB,
+    host_pids: bool = False,
     cache_module_code: bool = False,
     sim_env: dict[str, str] | None = None,
 ) -> None:
@@ -131,6 +132,10 @@ def install(
     _install(root, simgpu_build / "simgpu_state.py", "/usr/local/lib/simgpu/simgpu_state.py", 0o644)
     _write(root, "/var/lib/simgpu/gpus", gpu_lines(host, gpus))
     _write(root, f"/var/lib/simgpu/{simgpu_state.RESERVED_FILE}", f"{reserved_mib}\n")
+    if host_pids:
+        _write(
+            root, f"/var/lib/simgpu/{simgpu_state.HOST_PID_OFFSET_FILE}", f"{simgpu_state.CONTAINER_HOST_PID_OFFSET}\n"
+        )
     if mig:
         _write(root, "/var/lib/simgpu/mig", mig_lines(host, gpus, mig))
     # Any GPU user may claim memory (as /dev/nvidia* are 0666); the sticky bit keeps claims their owners'.

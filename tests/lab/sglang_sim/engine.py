@@ -5,6 +5,10 @@ Timing: a request waits for a running slot (--max-running-requests), pays its pr
 after another; a step takes --sim-token-latency-ms times the cost at the current batch size (specmodel), so
 every request slows down while others run and speeds up when they finish. Requests sleep on one condition
 variable that wakes them when the batch changes.
+
+With --speculative-adaptive the steps come from the slot the running batch routes to (adaptive.py): every verify
+step feeds that slot the batch's mean accepted drafts, a slot's switch wakes every request, and a request's pace is
+the step cost over the accept length of the steps in force.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import math
+import random
 import threading
 import time
 import uuid
@@ -19,7 +24,8 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Callable
 
-from . import faults, specmodel, textgen
+from . import adaptive as adaptive_mod
+from . import faults, lm, specmodel, textgen
 from .metrics import FinishedRequest, Stats
 from .spec_args import SpecConfig
 
@@ -28,6 +34,9 @@ DEFAULT_TEMPERATURE = 1.0
 PREFIX_CACHE_ENTRIES = 4096
 # TokenizerManager polls a waiting client every SGLANG_REQUEST_STATE_WAIT_TIMEOUT (4 s) for a disconnect.
 CLIENT_POLL_S = 4.0
+# How often a decoding request looks at the adaptive slots between batch changes (the scheduler switches steps
+# between verify steps; the sim applies a switch to the requests' pace at this granularity).
+ADAPTIVE_TICK_S = 0.05
 
 
 class ClientGone(Exception):
@@ -39,6 +48,14 @@ class ClientGone(Exception):
     def __init__(self, kept: bool):
         super().__init__("client disconnected")
         self.kept = kept
+
+
+class _AbortedWaiting(Exception):
+    """The request was aborted while in the scheduler's waiting queue."""
+
+
+# FINISH_ABORT().to_json() (managers/schedule_batch.py), what the scheduler's abort_request gives a request.
+ABORT_FINISH_REASON = {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
 
 
 class GenerationError(Exception):
@@ -64,6 +81,8 @@ class EngineConfig:
     spec_params: specmodel.SpecParams | None
     faults: dict
     decode_log_interval: int = 40
+    adaptive: adaptive_mod.AdaptiveParams | None = None
+    model: str = ""  # the model's path: what the greedy tokens are a function of, with the ids and the numerics
 
 
 @dataclass(frozen=True)
@@ -100,6 +119,16 @@ class Request:
     stream: bool
     rid: str
     warmup: bool = False
+    input_ids: tuple = ()
+    logprobs: Logprobs | None = None
+
+
+@dataclass(frozen=True)
+class Logprobs:
+    """return_logprob and its companions (io_struct.py GenerateReqInput; -1: SGLang's default start)."""
+
+    start: int = -1
+    return_text: bool = False
 
 
 def new_request(
@@ -109,9 +138,12 @@ def new_request(
     stream: bool,
     rid: str | None = None,
     warmup: bool = False,
+    input_ids: list | None = None,
+    logprobs: Logprobs | None = None,
 ) -> Request:
+    ids = tuple(input_ids) if input_ids else tuple(lm.tokenize(prompt))
     tokens = textgen.count_tokens(prompt) if prompt_tokens is None else max(1, prompt_tokens)
-    return Request(prompt, tokens, sampling, stream, rid or uuid.uuid4().hex, warmup)
+    return Request(prompt, tokens, sampling, stream, rid or uuid.uuid4().hex, warmup, ids, logprobs)
 
 
 def _split(total: int, parts: int) -> list[int]:
@@ -145,12 +177,18 @@ class Engine:
         self.last_receive_wall = time.time()  # TokenizerManager.last_receive_tstamp (for the health log)
         self._seen_prompts: OrderedDict = OrderedDict()
         self._seen_lock = threading.Lock()
+        self._live: dict[int, Request] = {}  # id(request) -> request, from admission until its output
+        self._aborted: set[int] = set()
         self.mean_accept_length = None
         if config.spec.enabled and config.spec_params is not None:
             spec = config.spec
             self.mean_accept_length = specmodel.accept_length(
                 spec.num_steps, spec.eagle_topk, spec.num_draft_tokens, config.spec_params
             )
+        self._adaptive_rng = random.Random(f"{config.seed}:adaptive")
+        self._adaptive_carry = 0.0  # seconds into the verify step under way
+        drift = config.faults.get(faults.OUTPUT_DRIFT) if faults.OUTPUT_DRIFT in config.faults else None
+        self.lm = lm.LanguageModel(config.model, drift)
         if faults.NEVER_LOAD in config.faults:
             self.mode = STUCK
             self._frozen = (0, 0, 0.0)
@@ -176,15 +214,47 @@ class Engine:
         elapsed, self._decode_ct_at = now - self._decode_ct_at, now
         if self._decoding <= 0 or self.mode == STUCK:  # a stalled loop keeps stepping without progress
             return
-        step_s = self.config.token_latency_s * self._step_cost(self._running)
         before = int(self._decode_ct)
-        steps = elapsed / step_s if step_s > 0 else 1.0
-        self._decode_ct = self._decode_ct + steps
-        if self.mode == NORMAL:  # a stalled batch steps without generating
-            self._realtime["decode"] += steps * self._decoding * (self.mean_accept_length or 1.0)
+        if self.config.adaptive is not None and self.mode == NORMAL:
+            self._decode_ct = self._adaptive_steps(elapsed)
+        else:
+            step_s = self.config.token_latency_s * self._step_cost(self._running)
+            steps = elapsed / step_s if step_s > 0 else 1.0
+            self._decode_ct = self._decode_ct + steps
+            if self.mode == NORMAL:  # a stalled batch steps without generating
+                self._realtime["decode"] += steps * self._decoding * (self.mean_accept_length or 1.0)
         interval = max(1, self.config.decode_log_interval)
         if int(self._decode_ct) // interval > before // interval:
             self._published = (self._decoding, len(self._waiting))
+
+    def _adaptive_steps(self, elapsed: float) -> float:
+        """Run the verify steps that fit in `elapsed` (lock held), each at the steps its batch routes to, feeding the
+        slot the batch's mean accepted drafts (on_verify_complete); returns forward_ct_decode."""
+        adaptive = self.config.adaptive
+        running = max(self._running, 1)
+        carry = self._adaptive_carry + elapsed
+        whole = int(self._decode_ct)
+        while True:
+            steps = adaptive.steps_for_batch(running)
+            step_s = self.config.token_latency_s * self._cost_at(steps, running)
+            if step_s <= 0 or carry < step_s:
+                break
+            carry -= step_s
+            whole += 1
+            accept = self._accept_at(steps)
+            self._realtime["decode"] += self._decoding * accept
+            spread = self.config.noise * accept / math.sqrt(max(self._decoding, 1))
+            correct = max(0.0, accept - 1.0 + spread * self._adaptive_rng.gauss(0.0, 1.0)) if steps > 0 else 0.0
+            if adaptive.on_verify_complete(correct, running) is not None:
+                self._cond.notify_all()  # every request's pace changes with the steps
+        self._adaptive_carry = carry
+        return whole + (carry / step_s if step_s > 0 else 0.0)
+
+    def _cost_at(self, steps: int, running: int) -> float:
+        return specmodel.step_cost(steps, 1, steps + 1, self.config.spec_params, running, self.config.batch_slowdown)
+
+    def _accept_at(self, steps: int) -> float:
+        return specmodel.accept_length(steps, 1, steps + 1, self.config.spec_params)
 
     def realtime_tokens(self) -> dict:
         """sglang:realtime_tokens_total by mode, as the scheduler counts them (metrics_reporter.py: every prefill
@@ -254,22 +324,29 @@ class Engine:
                 self._seen_prompts.popitem(last=False)
         return request.prompt_tokens - 1 if seen else 0
 
-    def _pieces(self, request: Request) -> tuple[list[str], dict]:
+    def _pieces(self, request: Request) -> tuple[list[str], dict, list]:
+        """The output's pieces, its finish reason, and each output token's logprob."""
         count = request.sampling.max_new_tokens
         if faults.DEGENERATE in self.config.faults:
-            return textgen.degenerate_pieces(count), {"type": "length", "length": count}
-        key = textgen.generation_key(request.prompt, request.sampling.temperature, self.config.seed, request.rid)
-        pieces = textgen.pieces(key, count)
+            return textgen.degenerate_pieces(count), {"type": "length", "length": count}, [-0.01] * count
+        salt = ""
+        if request.sampling.temperature > 0.0:
+            salt = textgen.generation_key(request.prompt, request.sampling.temperature, self.config.seed, request.rid)
+        steps = lm.generate(self.lm, list(request.input_ids), count, salt)
+        pieces = [step.piece for step in steps]
+        logprobs = [step.logprob for step in steps]
         text = ""
         for index, piece in enumerate(pieces):
             text += piece
             for stop in request.sampling.stops:
                 if stop in text:
-                    return pieces[: index + 1], {"type": "stop", "matched": stop}
-        return pieces, {"type": "length", "length": count}
+                    return pieces[: index + 1], {"type": "stop", "matched": stop}, logprobs[: index + 1]
+        return pieces, {"type": "length", "length": count}, logprobs
 
     def _step_cost(self, running: int) -> float:
         spec = self.config.spec
+        if self.config.adaptive is not None:
+            return self._cost_at(self.config.adaptive.steps_for_batch(max(running, 1)), running)
         if self.mean_accept_length is None:
             return specmodel.plain_step_cost(running, self.config.batch_slowdown)
         return specmodel.step_cost(
@@ -281,13 +358,41 @@ class Engine:
             self.config.batch_slowdown,
         )
 
+    def _pace(self, running: int) -> float:
+        """Seconds per unit of a request's plan: a decode step, or with adaptive steps one token (the step over the
+        accept length of the steps in force)."""
+        if self.config.adaptive is None:
+            return self.config.token_latency_s * self._step_cost(running)
+        steps = self.config.adaptive.steps_for_batch(max(running, 1))
+        return self.config.token_latency_s * self._cost_at(steps, running) / self._accept_at(steps)
+
     def _plan(self, request: Request, tokens: int) -> tuple[list[int], dict]:
         """Tokens emitted per decode step, and the speculative meta_info."""
-        if self.mean_accept_length is None or tokens == 0:
+        # With adaptive steps the steps change under the request: one token per unit, spec_meta at its end.
+        if self.config.adaptive is not None or self.mean_accept_length is None or tokens == 0:
             return [1] * tokens, {}
-        draft_tokens = self.config.spec.num_draft_tokens
+        spec_meta = self._spec_meta(request, tokens, self.mean_accept_length, self.config.spec.num_draft_tokens)
+        return _split(tokens, spec_meta["spec_verify_ct"]), spec_meta
+
+    def _adaptive_meta(self, request: Request, tokens: int) -> dict:
+        """The request's meta_info under adaptive steps: the accept length of the steps its batch runs at now."""
+        if self.config.adaptive is None or tokens == 0:
+            return {}
+        with self._cond:
+            steps = self.config.adaptive.steps_for_batch(max(self._running, 1))
+        if steps == 0:
+            return {
+                "spec_accept_rate": 0.0,
+                "spec_accept_length": 1.0,
+                "spec_num_correct_drafts": 0,
+                "spec_num_proposed_drafts": 0,
+                "spec_verify_ct": tokens,
+            }
+        return self._spec_meta(request, tokens, self._accept_at(steps), steps + 1)
+
+    def _spec_meta(self, request: Request, tokens: int, mean_accept: float, draft_tokens: int) -> dict:
         accept = specmodel.noisy_accept_length(
-            self.mean_accept_length, draft_tokens, self.config.noise, self.config.seed, request.rid
+            mean_accept, draft_tokens, self.config.noise, self.config.seed, request.rid
         )
         verify_ct = specmodel.verify_count(tokens, accept, draft_tokens)
         proposed = verify_ct * (draft_tokens - 1)
@@ -299,7 +404,7 @@ class Engine:
             "spec_num_proposed_drafts": proposed,
             "spec_verify_ct": verify_ct,
         }
-        return _split(tokens, verify_ct), spec_meta
+        return spec_meta
 
     def _meta(self, request: Request, finish_reason, completion_tokens: int, cached: int) -> dict:
         return {
@@ -315,6 +420,17 @@ class Engine:
 
     def validate(self, request: Request) -> None:
         """Raise GenerationError for a request SGLang refuses before generating (call before streaming starts)."""
+        if request.sampling.max_new_tokens == 0 and self.config.spec.enabled:
+            raise GenerationError(
+                "max_new_tokens=0 is a prefill-only request, which speculative decoding does not serve; "
+                "ask for max_new_tokens=1 to score a continuation."
+            )
+        start = request.logprobs.start if request.logprobs is not None else -1
+        if start > len(request.input_ids):
+            raise GenerationError(
+                f"req.logprob_start_len={start} is higher than the number of input tokens "
+                f"len(req.origin_input_ids)={len(request.input_ids)}. Please use a smaller logprob_start_len."
+            )
         total = request.prompt_tokens + request.sampling.max_new_tokens
         if total > self.config.context_length:
             raise GenerationError(
@@ -345,6 +461,19 @@ class Engine:
 
         return check
 
+    def abort(self, rid: str, abort_all: bool) -> int:
+        """The scheduler's abort_request: every live request (abort_all) or those whose rid starts with `rid` end with
+        an abort finish reason, the waiting ones at once, the running ones at their next decode step. A stuck or
+        stalled scheduler never reads it. Returns how many requests it marked."""
+        with self._cond:
+            chosen = [key for key, req in self._live.items() if abort_all or (rid and req.rid.startswith(rid))]
+            self._aborted.update(chosen)
+            self._cond.notify_all()
+            return len(chosen)
+
+    def _is_aborted(self, request: Request) -> bool:
+        return id(request) in self._aborted
+
     def _admit(self, request: Request, client_gone) -> str:
         """Wait for a running slot; returns the mode the request runs in. Holds no lock on return."""
         with self._cond:
@@ -367,6 +496,11 @@ class Engine:
                     if self.mode == STUCK:
                         self._waiting.remove(request)
                         return STUCK
+                    if self._is_aborted(request):
+                        self._waiting.remove(request)
+                        self._publish_if_idle()
+                        self._cond.notify_all()
+                        raise _AbortedWaiting()
                     self._wait(None)
                     check()
             except ClientGone:
@@ -410,9 +544,26 @@ class Engine:
         Raises ClientGone when the client disconnected while the request could not progress.
         """
         arrived = time.monotonic()
-        self.validate(request)
-        cached = self._cached_tokens(request)
-        mode = self._admit(request, client_gone)
+        with self._cond:  # abort_all reaches a request from its arrival on, as rid_to_state holds it
+            self._live[id(request)] = request
+        try:
+            self.validate(request)
+            cached = self._cached_tokens(request)
+            return self._generate(request, emit, client_gone, arrived, cached)
+        finally:
+            with self._cond:
+                self._live.pop(id(request), None)
+                self._aborted.discard(id(request))
+
+    def _generate(self, request: Request, emit, client_gone, arrived: float, cached: int) -> dict:
+        try:
+            mode = self._admit(request, client_gone)
+        except _AbortedWaiting:
+            final = self._chunk(
+                request, [], start=0, end=0, finish_reason=dict(ABORT_FINISH_REASON), cached=0, logprobs=[]
+            )
+            final["meta_info"]["e2e_latency"] = time.monotonic() - arrived
+            return final
         phase = {"decoding": False}
         if mode == STUCK:
             self._never(client_gone, kept=True)
@@ -428,15 +579,15 @@ class Engine:
             self._leave(phase["decoding"])
 
     def _decode(self, request: Request, emit, arrived: float, cached: int, client_gone, phase: dict) -> dict:
-        pieces, finish_reason = self._pieces(request)
+        pieces, finish_reason, logprobs = self._pieces(request)
         per_step, spec_meta = self._plan(request, len(pieces))
         ends = list(itertools.accumulate(per_step))
         started = time.monotonic()
         prefill_end = started + (request.prompt_tokens - cached) * self.config.prefill_s_per_token
-        latency = self.config.token_latency_s
         last_chunk_at = 0
         first_token_at = None
         done = 0.0  # decode steps completed (fractional while one is under way)
+        aborted = False
         with self._cond:
             while time.monotonic() < prefill_end:
                 self._wait(prefill_end)
@@ -453,16 +604,25 @@ class Engine:
                     continue
                 target = index + 1
                 while done < target:
+                    if self._is_aborted(request):  # FINISH_ABORT at its next step: the tokens done so far
+                        aborted = True
+                        break
                     if self.mode != NORMAL:  # the scheduler stopped making progress under this request too
                         self._never(client_gone, kept=self.mode == STUCK)
-                    step_s = latency * self._step_cost(self._running)
+                    step_s = self._pace(self._running)
                     due = clock + (target - done) * step_s
-                    self._wait(due)
+                    if self.config.adaptive is not None:  # a slot's switch changes the pace: look again soon
+                        self._wait(min(due, time.monotonic() + ADAPTIVE_TICK_S))
+                        self._count_decode_steps()
+                    else:
+                        self._wait(due)
                     now = time.monotonic()
                     if now >= due or step_s <= 0:
                         done, clock = float(target), due
                     else:  # woken by a batch change: count what was done at the old pace
                         done, clock = done + (now - clock) / step_s, now
+                if aborted:
+                    break
                 if first_token_at is None:
                     first_token_at = clock if index == 0 else prefill_end + (clock - prefill_end) / target
                 self.last_receive_wall = time.time()
@@ -470,7 +630,13 @@ class Engine:
                     self._cond.release()
                     try:
                         chunk = self._chunk(
-                            request, pieces, start=last_chunk_at, end=end, finish_reason=None, cached=cached
+                            request,
+                            pieces,
+                            start=last_chunk_at,
+                            end=end,
+                            finish_reason=None,
+                            cached=cached,
+                            logprobs=logprobs,
                         )
                         emit(chunk)
                     finally:
@@ -478,21 +644,28 @@ class Engine:
                     last_chunk_at = end
         finished_at = time.monotonic()
         first_token_at = finished_at if first_token_at is None else first_token_at
+        produced = ends[-1] if ends else 0
+        if aborted:
+            steps = int(done)
+            produced = max(ends[steps - 1] if steps else 0, last_chunk_at)
+            finish_reason = dict(ABORT_FINISH_REASON)
         final = self._chunk(
             request,
             pieces,
             start=last_chunk_at if emit else 0,
-            end=ends[-1] if ends else 0,
+            end=produced,
             finish_reason=finish_reason,
             cached=cached,
+            logprobs=logprobs,
         )
         final["meta_info"]["e2e_latency"] = finished_at - arrived
+        spec_meta = spec_meta or self._adaptive_meta(request, ends[-1] if ends else 0)
         final["meta_info"].update(spec_meta)
         self.stats.finished(
             FinishedRequest(
                 streaming=request.stream,
                 prompt_tokens=request.prompt_tokens,
-                completion_tokens=ends[-1] if ends else 0,
+                completion_tokens=produced,
                 first_token_at=first_token_at,
                 finished_at=finished_at,
                 ttft=first_token_at - arrived,
@@ -504,14 +677,32 @@ class Engine:
         )
         return final
 
-    def _chunk(self, request: Request, pieces: list, *, start: int, end: int, finish_reason, cached: int) -> dict:
+    def _chunk(
+        self, request: Request, pieces: list, *, start: int, end: int, finish_reason, cached: int, logprobs: list
+    ) -> dict:
         """An output dict; streamed chunks carry everything so far unless --incremental-streaming-output."""
         if request.stream and self.config.incremental_streaming:
             chosen = pieces[start:end]
         else:
             chosen = pieces[:end]
+        meta = self._meta(request, finish_reason, end, cached)
+        if request.logprobs is not None:
+            meta.update(self._logprob_meta(request, pieces[:end], logprobs[:end]))
+        return {"text": "".join(chosen), "output_ids": [lm.token_id(p) for p in chosen], "meta_info": meta}
+
+    def _logprob_meta(self, request: Request, pieces: list, logprobs: list) -> dict:
+        """TokenizerManager.add_logprob_to_meta_info: (logprob, token id, text or None) per token, the input's from
+        logprob_start_len (default: none of the input), the first of them None (logprob_result_processor.py)."""
+        ids = list(request.input_ids)
+        start = len(ids) if request.logprobs.start < 0 else request.logprobs.start
+        text = request.logprobs.return_text
+        input_values = lm.score(self.lm, ids, start) if start < len(ids) else []
+        inputs = [
+            [value, token, (lm.piece_of(token) if text else None)] for value, token in zip(input_values, ids[start:])
+        ]
+        outputs = [[value, lm.token_id(piece), (piece if text else None)] for value, piece in zip(logprobs, pieces)]
         return {
-            "text": "".join(chosen),
-            "output_ids": [textgen.token_id(p) for p in chosen],
-            "meta_info": self._meta(request, finish_reason, end, cached),
+            "input_token_logprobs": inputs,
+            "output_token_logprobs": outputs,
+            "output_token_logprobs_length": len(outputs),
         }

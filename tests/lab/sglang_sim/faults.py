@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 GENERATE_HANG = "generate-hang"
@@ -12,6 +13,9 @@ DEGENERATE = "degenerate"
 CRASH_ON_LOAD = "crash-on-load"
 SLOW_DRAIN = "slow-drain"
 ORPHAN_SCHEDULERS = "orphan-schedulers"
+OUTPUT_DRIFT = "output-drift"
+SLOWDOWN = "slowdown"
+LOSSY_STEPS = "lossy-steps"
 
 
 @dataclass(frozen=True)
@@ -19,7 +23,8 @@ class FaultSpec:
     help: str
     takes_value: bool = False
     needs_value: bool = False
-    default: int | None = None
+    default: int | float | None = None
+    number: type = int  # int: a whole number 0 or more; float: a number above 0
 
 
 FAULTS = {
@@ -41,6 +46,18 @@ FAULTS = {
     ORPHAN_SCHEDULERS: FaultSpec(
         "schedulers ignore SIGTERM and ShutdownReq, get no parent-death signal and escape kill_process_tree"
     ),
+    OUTPUT_DRIFT: FaultSpec(
+        "[=K]: the numerics drift: greedy output differs from token K on (default 8), plausible text, "
+        "every logprob from there shifted",
+        takes_value=True,
+        default=8,
+    ),
+    LOSSY_STEPS: FaultSpec(
+        "=S: speculative decoding with --speculative-num-steps S is not lossless (output-drift from token 8 then)",
+        True,
+        True,
+    ),
+    SLOWDOWN: FaultSpec("=F: every decode step takes F times as long (F a number above 0)", True, True, number=float),
 }
 
 
@@ -62,10 +79,21 @@ def parse_faults(values: list[str]) -> dict[str, int | None]:
             if not sep and spec.needs_value:
                 raise ValueError(f"fault {name!r} needs a value: {name}=N (N a whole number)")
             if sep:
-                raw = raw.strip()
-                if not raw.isdigit():
-                    raise ValueError(f"fault {name!r}: {raw!r} is not a whole number 0 or more")
-                chosen[name] = int(raw)
+                chosen[name] = _number(name, spec, raw.strip())
             else:
                 chosen[name] = spec.default
     return chosen
+
+
+def _number(name: str, spec: FaultSpec, raw: str) -> int | float:
+    if spec.number is int:
+        if not raw.isdigit():
+            raise ValueError(f"fault {name!r}: {raw!r} is not a whole number 0 or more")
+        return int(raw)
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if math.isnan(value) or value <= 0 or value == float("inf"):
+        raise ValueError(f"fault {name!r}: {raw!r} is not a number above 0")
+    return value

@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
 from . import health, info, metrics, openai_api
-from .engine import ClientGone, GenerationError, new_request, parse_sampling
+from .engine import ClientGone, GenerationError, Logprobs, new_request, parse_sampling
 from .state import ServerState
 
 OPEN_PATHS = ("/health", "/ready", "/metrics")
@@ -112,10 +112,25 @@ class Handler(BaseHTTPRequestHandler):
 
     def _dispatch(self, method: str) -> None:
         self.server.track(+1)
+        # sglang:http_requests_active (observability/http_request_metrics.py `track_http_status_code`): up before the
+        # handler runs, down once the whole response, a streamed body included, has been sent; only with
+        # --enable-metrics (http_server.py `lifespan` calls init_http_request_metrics then).
+        label = self._endpoint_label(method) if self.state.ns.enable_metrics else None
+        if label is not None:
+            self.server.http_active.change(label, +1)
         try:
             self._dispatch_request(method)
         finally:
+            if label is not None:
+                self.server.http_active.change(label, -1)
             self.server.track(-1)
+
+    def _endpoint_label(self, method: str) -> tuple[str, str]:
+        """(endpoint, method): the matched route's path template, else the raw path (`_get_fastapi_request_path`)."""
+        path = self.path.split("?", 1)[0]
+        if path.startswith("/v1/models/"):
+            return ("/v1/models/{model:path}", method)
+        return (path, method)
 
     def _dispatch_request(self, method: str) -> None:
         path = self.path.split("?", 1)[0]
@@ -152,6 +167,7 @@ class Handler(BaseHTTPRequestHandler):
             "/v1/chat/completions": self.chat,
             "/v1/completions": self.completions,
             "/flush_cache": self.flush_cache,
+            "/abort_request": self.abort_request,
         }
         if method == "GET":
             if path.startswith("/v1/models/"):
@@ -230,6 +246,19 @@ class Handler(BaseHTTPRequestHandler):
             "text/plain; charset=utf-8",
         )
 
+    def abort_request(self) -> None:
+        """POST /abort_request (http_server.py `abort_request`, TokenizerManager.abort_request and the scheduler's):
+        {"rid": ..., "abort_all": bool}; the aborted requests end with FINISH_ABORT's finish reason; 200, no body."""
+        body = self._body() if self._raw else {}
+        if not isinstance(body, dict):
+            self._json(400, {"error": {"message": "The request body must be a JSON object."}})
+            return
+        rid = body.get("rid") or ""
+        abort_all = bool(body.get("abort_all"))
+        if abort_all or rid:
+            self.state.engine.abort(str(rid), abort_all)
+        self._send(200, b"", "text/plain; charset=utf-8")
+
     def metrics(self) -> None:
         spec = self.state.spec
         body = metrics.render(
@@ -241,6 +270,7 @@ class Handler(BaseHTTPRequestHandler):
             max_total_num_tokens=self.state.max_total_num_tokens,
             used_tokens=0,
             realtime_tokens=self.state.engine.realtime_tokens(),
+            http_active=self.server.http_active.samples(),
         )
         self._send(200, body.encode(), "text/plain; version=0.0.4; charset=utf-8")
 
@@ -254,14 +284,19 @@ class Handler(BaseHTTPRequestHandler):
             raise GenerationError("Either text, input_ids or input_embeds should be provided.")
         stream = bool(body.get("stream"))
         sampling = parse_sampling(body.get("sampling_params"))
+        logprobs = _logprobs(body)
         if isinstance(texts, list) or (ids and isinstance(ids[0], list)):
             if stream:
                 raise GenerationError("The simulated server streams single requests only.")
-            self._json(200, self._batch(texts, ids, sampling, body.get("rid")))
+            self._json(200, self._batch(texts, ids, sampling, body.get("rid"), logprobs))
             return
+        if ids is not None and not _token_ids(ids):
+            raise GenerationError("input_ids must be a non-empty list of token ids (whole numbers 0 or more).")
         prompt = texts if texts is not None else " ".join(str(i) for i in ids)
         prompt_tokens = None if texts is not None else len(ids)
-        request = new_request(prompt, prompt_tokens, sampling, stream, body.get("rid"))
+        request = new_request(
+            prompt, prompt_tokens, sampling, stream, body.get("rid"), input_ids=ids, logprobs=logprobs
+        )
         if not stream:
             self._json(200, self.state.generate(request, client_gone=self._client_gone))
             return
@@ -271,7 +306,7 @@ class Handler(BaseHTTPRequestHandler):
         self._event(final)
         self._end_stream()
 
-    def _batch(self, texts, ids, sampling, rids) -> list:
+    def _batch(self, texts, ids, sampling, rids, logprobs) -> list:
         prompts = texts if texts is not None else [" ".join(str(i) for i in row) for row in ids]
         results: list = [None] * len(prompts)
 
@@ -279,7 +314,8 @@ class Handler(BaseHTTPRequestHandler):
             rid = rids[index] if isinstance(rids, list) and index < len(rids) else None
             tokens = None if texts is not None else len(ids[index])
             try:
-                request = new_request(prompts[index], tokens, sampling, False, rid)
+                row = None if texts is not None else ids[index]
+                request = new_request(prompts[index], tokens, sampling, False, rid, input_ids=row, logprobs=logprobs)
                 results[index] = self.state.generate(request, client_gone=self._client_gone)
             except ClientGone as exc:
                 results[index] = exc
@@ -322,6 +358,26 @@ class Handler(BaseHTTPRequestHandler):
         self._end_stream()
 
 
+def _token_ids(ids) -> bool:
+    return (
+        isinstance(ids, list)
+        and bool(ids)
+        and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids)
+    )
+
+
+def _logprobs(body: dict) -> Logprobs | None:
+    """return_logprob, logprob_start_len (default -1) and return_text_in_logprobs (io_struct.py GenerateReqInput);
+    SGLang ignores logprob_start_len without return_logprob (scheduler.py)."""
+    if not body.get("return_logprob"):
+        return None
+    start = body.get("logprob_start_len")
+    start = -1 if start is None else start
+    if not isinstance(start, int) or isinstance(start, bool) or start < -1:
+        raise GenerationError(f"logprob_start_len must be -1 or a whole number, got {start!r}.")
+    return Logprobs(start, bool(body.get("return_text_in_logprobs")))
+
+
 class SimHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
@@ -331,6 +387,7 @@ class SimHTTPServer(ThreadingHTTPServer):
         super().__init__(*args, **kwargs)
         self._active = 0
         self._active_lock = threading.Condition()
+        self.http_active = metrics.LabelledGauge()
 
     def track(self, change: int) -> None:
         with self._active_lock:

@@ -21,7 +21,20 @@ import time
 import warnings
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from . import allreduce, args, configfile, faults, info, lifecycle, logs, rendezvous, sources, spec_args, specmodel
+from . import (
+    adaptive,
+    allreduce,
+    args,
+    configfile,
+    faults,
+    info,
+    lifecycle,
+    logs,
+    rendezvous,
+    sources,
+    spec_args,
+    specmodel,
+)
 from .engine import Engine, EngineConfig
 from .http_api import make_server
 from .scheduler import RankPlan, rank_names, run_detokenizer, run_scheduler
@@ -86,6 +99,14 @@ def _resolve_spec(ns, installed: sources.InstalledSglang, model: info.ModelConfi
         members=members,
         aliases=aliases,
         model_arch=architecture,
+        adaptive=spec_args.AdaptiveFlags(
+            enabled=ns.speculative_adaptive,
+            config=ns.speculative_adaptive_config,
+            attn_dp_size=ns.attn_dp_size,
+            enable_multi_layer_eagle=ns.enable_multi_layer_eagle,
+            enable_two_batch_overlap=ns.enable_two_batch_overlap,
+            enable_pdmux=ns.enable_pdmux,
+        ),
     )
 
 
@@ -103,9 +124,16 @@ def _engine(ns, spec: spec_args.SpecConfig, model: info.ModelConfig, max_running
         )
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     nccl = allreduce.uses_nccl(ns.tp_size, ns.disable_custom_all_reduce, visible)
+    slowdown = ns.faults.get(faults.SLOWDOWN) or 1.0  # the slowdown=F fault: every decode step F times as long
+    chosen = dict(ns.faults)
+    if spec.enabled and chosen.get(faults.LOSSY_STEPS, -1) == spec.num_steps:  # a draft that is not lossless here
+        chosen.setdefault(faults.OUTPUT_DRIFT, faults.FAULTS[faults.OUTPUT_DRIFT].default)
     return Engine(
         EngineConfig(
-            token_latency_s=ns.sim_token_latency_ms / 1000.0 * (1.0 + (ns.sim_nccl_allreduce_cost if nccl else 0.0)),
+            token_latency_s=ns.sim_token_latency_ms
+            / 1000.0
+            * (1.0 + (ns.sim_nccl_allreduce_cost if nccl else 0.0))
+            * slowdown,
             prefill_s_per_token=ns.sim_prefill_ms_per_token / 1000.0,
             seed=ns.sim_seed,
             noise=ns.sim_noise,
@@ -116,19 +144,30 @@ def _engine(ns, spec: spec_args.SpecConfig, model: info.ModelConfig, max_running
             incremental_streaming=ns.incremental_streaming_output,
             spec=spec,
             spec_params=params,
-            faults=ns.faults,
+            adaptive=_adaptive_params(spec, max_running),
+            faults=chosen,
             decode_log_interval=ns.decode_log_interval,
+            model=ns.model_path,
         )
     )
+
+
+def _adaptive_params(spec: spec_args.SpecConfig, max_running: int) -> adaptive.AdaptiveParams | None:
+    """The worker's AdaptiveSpeculativeParams, routed through the CUDA-graph batch sizes up to max running."""
+    if not spec.adaptive:
+        return None
+    return adaptive.AdaptiveParams(spec.num_steps, spec.adaptive_config, adaptive.decode_cuda_graph_bs(max_running))
 
 
 def _plans(ns, spec: spec_args.SpecConfig, model: info.ModelConfig, installed) -> list[RankPlan]:
     draft_mib = 0
     if spec.enabled:
+        # Adaptive builds a runtime state (buffers, CUDA graphs) for every candidate: the deepest one sizes them.
+        deepest = max(spec.candidate_steps) if spec.adaptive else None
         draft_mib = specmodel.draft_memory_mib(
-            spec.num_steps,
+            spec.num_steps if deepest is None else deepest,
             spec.eagle_topk,
-            spec.num_draft_tokens,
+            spec.num_draft_tokens if deepest is None else deepest + 1,
             ns.sim_draft_base_mib,
             ns.sim_mem_overhead_mib_per_draft_token,
         )
@@ -175,6 +214,7 @@ def _plans(ns, spec: spec_args.SpecConfig, model: info.ModelConfig, installed) -
                 crash=faults.CRASH_ON_LOAD in ns.faults and rank == 0,
                 never_load=faults.NEVER_LOAD in ns.faults,
                 orphan=faults.ORPHAN_SCHEDULERS in ns.faults,
+                pipeline=ns.pp_size > 1,
                 allreduce_error=allreduce_error,
                 group=group,
             )
@@ -295,7 +335,10 @@ def _follower(ns, spec, model, installed) -> int:
             )
 
         signal.signal(signal.SIGTERM, on_sigterm)
-        health = make_dummy_health_server(ns.host, ns.port)
+        model_name = ns.served_model_name or ns.model_path
+        local_tp = node_ranks(ns.tp_size, ns.dp_size, ns.nnodes, ns.node_rank)
+        exposition = follower_metrics(model_name, local_tp) if ns.enable_metrics else None
+        health = make_dummy_health_server(ns.host, ns.port, exposition)
         threading.Thread(target=health.serve_forever, name="health-check-server", daemon=True).start()
         logger.info("Dummy health check server started in background thread at %s:%s", ns.host, ns.port)
         for child in supervisor.schedulers:
@@ -307,7 +350,26 @@ def _follower(ns, spec, model, installed) -> int:
         supervisor.kill_process_tree(include_parent=False)  # launch_server.py's `finally`
 
 
-def make_dummy_health_server(host: str, port: int) -> ThreadingHTTPServer:
+def follower_metrics(model_name: str, tp_ranks: list[int]) -> str:
+    """What /metrics shows on a rank >= 1 with --enable-metrics (utils/common.py `launch_dummy_health_check_server`
+    adds `add_prometheus_middleware`: the multiprocess registry of this node's schedulers; no tokenizer metrics and no
+    sglang:http_requests_active, which only the main API server initialises). An idle node's gauges: rank 0 holds
+    the requests."""
+    lines = []
+    for name, doc in (
+        ("sglang:num_running_reqs", "The number of running requests."),
+        ("sglang:num_queue_reqs", "The number of requests in the waiting queue."),
+    ):
+        lines += [f"# HELP {name} {doc}", f"# TYPE {name} gauge"]
+        for rank in tp_ranks:
+            lines.append(
+                f'{name}{{model_name="{model_name}",engine_type="unified",tp_rank="{rank}",pp_rank="0",'
+                f'moe_ep_rank="0"}} 0.0'
+            )
+    return "\n".join(lines) + "\n"
+
+
+def make_dummy_health_server(host: str, port: int, metrics_text: str | None = None) -> ThreadingHTTPServer:
     class DummyHealth(BaseHTTPRequestHandler):
         def log_message(self, format, *args) -> None:  # uvicorn runs it at log level warning: no access lines
             pass
@@ -316,10 +378,13 @@ def make_dummy_health_server(host: str, port: int) -> ThreadingHTTPServer:
             path = self.path.split("?", 1)[0]
             if path in ("/ping", "/health", "/health_generate"):
                 body, status = b"", 200
+            elif metrics_text is not None and path.startswith("/metrics") and self.command == "GET":
+                body, status = metrics_text.encode(), 200
             else:
                 body, status = b'{"detail":"Not Found"}', 404
             self.send_response(status)
-            self.send_header("content-type", "application/json")
+            kind = "text/plain; version=0.0.4; charset=utf-8" if path.startswith("/metrics") else "application/json"
+            self.send_header("content-type", kind)
             self.send_header("content-length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)

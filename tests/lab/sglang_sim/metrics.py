@@ -107,6 +107,22 @@ class Stats:
             return self.correct_drafts / self.proposed_drafts if self.proposed_drafts else None
 
 
+class LabelledGauge:
+    """A gauge by label tuple; a label set once seen stays, at 0 when idle (prometheus_client's children)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._values: dict[tuple, int] = {}
+
+    def change(self, labels: tuple, delta: int) -> None:
+        with self._lock:
+            self._values[labels] = self._values.get(labels, 0) + delta
+
+    def samples(self) -> list[tuple[tuple, int]]:
+        with self._lock:
+            return sorted(self._values.items())
+
+
 def _labels(base: dict, **extra) -> str:
     merged = {**base, **extra}
     return "{" + ",".join(f'{key}="{value}"' for key, value in merged.items()) + "}"
@@ -141,6 +157,7 @@ def render(
     max_total_num_tokens: int,
     used_tokens: int,
     realtime_tokens: dict | None = None,
+    http_active: list | None = None,
 ) -> str:
     scheduler = {"model_name": model_name, "engine_type": "unified", "tp_rank": "0", "pp_rank": "0", "moe_ep_rank": "0"}
     tokenizer = {"model_name": model_name, "engine_type": "unified"}
@@ -249,4 +266,15 @@ def render(
         tokenizer,
         stats.e2e,
     )
+    if http_active is not None:  # observability/http_request_metrics.py, multiprocess_mode livesum: no pid label
+        _metric(
+            lines,
+            "sglang:http_requests_active",
+            "gauge",
+            "Number of currently active HTTP requests",
+            [
+                ("", _labels({"endpoint": endpoint, "method": method}), value)
+                for (endpoint, method), value in http_active
+            ],
+        )
     return "\n".join(lines) + "\n"

@@ -82,6 +82,9 @@ class RankPlan:
     crash: bool
     never_load: bool
     orphan: bool
+    # --pp-size > 1: the scheduler runs event_loop_pp (managers/scheduler_pp_mixin.py), which never checks for
+    # ShutdownReq; the main process kills it 15 s later, "before they released".
+    pipeline: bool = False
     # Why the custom all-reduce fails to set up (allreduce.py), or None.
     allreduce_error: str | None = None
     # A multi-node engine's rendezvous (rendezvous.py), or None on one node.
@@ -299,7 +302,7 @@ def run_scheduler(plan: RankPlan, report_fd: int, control_fd: int) -> int:
             group = (plan.group, rendezvous.join(plan.group, store), store)
         report = Loader(plan).load()
         os.write(report_fd, (json.dumps(report) + "\n").encode())
-        status = _serve(control_fd, obeys_shutdown=not plan.orphan, group=group)
+        status = _serve(control_fd, obeys_shutdown=not (plan.orphan or plan.pipeline), group=group)
     except Exception:
         logger.error("Scheduler hit an exception: %s", traceback.format_exc())
         try:

@@ -37,6 +37,10 @@ RESERVED_FILE = "reserved_mib"
 DEFAULT_RELEASE_LAG_MS = 400
 LAG_ENV = "SIMGPU_RELEASE_LAG_MS"
 LAG_FILE = "release_lag_ms"
+# A container host (own PID namespace): the library lists each holder as its PID plus this file's number, a PID of
+# the host's namespace that this one's /proc lacks (state.c `sim_host_pid_offset`).
+HOST_PID_OFFSET_FILE = "host_pid_offset"
+CONTAINER_HOST_PID_OFFSET = 1000000
 FLAG_ZOMBIE = "zombie"
 FLAG_STUCK = "stuck"
 FLAGS = (FLAG_ZOMBIE, FLAG_STUCK)

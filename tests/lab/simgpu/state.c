@@ -295,6 +295,12 @@ static int read_number_file(const char *leaf, unsigned long long max, unsigned l
     return *text && parse_ull(text, max, out);
 }
 
+unsigned long long sim_host_pid_offset(void)
+{
+    unsigned long long offset;
+    return read_number_file("host_pid_offset", SIM_MAX_HOST_PID_OFFSET, &offset) ? offset : 0;
+}
+
 unsigned long long sim_reserved_mib(void)
 {
     unsigned long long mib;
@@ -431,6 +437,7 @@ nvmlReturn_t sim_read_claims(unsigned int gpu_index, int which, struct sim_claim
     }
 
     double lag = release_lag_seconds();
+    unsigned long long host_offset = sim_host_pid_offset();
     unsigned capacity = 0;
     nvmlReturn_t result = NVML_SUCCESS;
     struct dirent *entry;
@@ -445,7 +452,8 @@ nvmlReturn_t sim_read_claims(unsigned int gpu_index, int which, struct sim_claim
         claim_status(dirfd(dir), entry->d_name, pid, flags, lag, &counted, &listed);
         if (counted)
             claims->total_mib += mib;
-        if (listed && !append_claim(claims, &capacity, pid, mib, mig)) {
+        /* The driver names each holder by its PID in the host's namespace (host_pid_offset: a container host). */
+        if (listed && !append_claim(claims, &capacity, (unsigned)(pid + host_offset), mib, mig)) {
             result = NVML_ERROR_MEMORY;
             break;
         }

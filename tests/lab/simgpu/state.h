@@ -70,6 +70,11 @@ void sim_free_claims(struct sim_claims *claims);
 /* The driver's reservation per GPU in MiB: <state>/reserved_mib, else SIM_DEFAULT_RESERVED_MIB. */
 unsigned long long sim_reserved_mib(void);
 
+/* What a listed PID reads as in the host's PID namespace: the claim's PID plus <state>/host_pid_offset (0 when the
+ * file is missing or malformed: the caller shares the driver's PID namespace). */
+#define SIM_MAX_HOST_PID_OFFSET 3000000ULL
+unsigned long long sim_host_pid_offset(void);
+
 /* The state letter of /proc/PID/stat ('R', 'S', 'Z', ...), or 0 when the PID does not exist. */
 char sim_pid_state(unsigned int pid);
 

@@ -551,3 +551,93 @@ def test_requests_beyond_max_running_requests_wait_in_the_queue(start):
             lambda: (metric(sim, "sglang:num_running_reqs"), metric(sim, "sglang:num_queue_reqs")) == (2, 2)
         )
         assert all(f.result()[0] == 200 for f in futures)
+
+
+# -- HTTP requests in flight, abort, pipeline parallelism ------------------------------------------------------------
+def http_active(sim: Sim) -> dict[tuple[str, str], float]:
+    text = sim.get("/metrics")[1].decode()
+    found = {}
+    for line in text.splitlines():
+        hit = re.match(r'sglang:http_requests_active\{endpoint="([^"]*)",method="([^"]*)"\} (\S+)$', line)
+        if hit:
+            found[(hit.group(1), hit.group(2))] = float(hit.group(3))
+    return found
+
+
+def finishing_stream(sim: Sim, tokens: int, result: dict, key: str, headers: dict | None = None) -> None:
+    """Stream one generation; result[key] is (the last chunk's finish_reason, saw [DONE]) or the error."""
+    body = json.dumps({"text": "Tell me about the lab.", "stream": True, "sampling_params": {"max_new_tokens": tokens}})
+    conn = http.client.HTTPConnection("127.0.0.1", sim.port, timeout=60)
+    try:
+        conn.request("POST", "/generate", body, {"content-type": "application/json", **(headers or {})})
+        response = conn.getresponse()
+        last, done = None, False
+        for raw in response:
+            line = raw.decode().strip()
+            if line == "data: [DONE]":
+                done = True
+            elif line.startswith("data: "):
+                last = json.loads(line[6:])
+                result.setdefault(key + ":first", time.monotonic())
+        result[key] = (last["meta_info"]["finish_reason"] if last else None, done)
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        result[key] = exc.__class__(str(exc))
+    finally:
+        conn.close()
+
+
+def test_http_requests_active_counts_a_stream_until_its_last_byte(start):
+    sim = start("--enable-metrics", *SLOW, *FAST)
+    # The scrape counts itself: /metrics is 1 while it is being answered.
+    assert http_active(sim)[("/metrics", "GET")] == 1.0
+    result: dict = {}
+    worker = threading.Thread(target=stream, args=(sim, 100, result, "long"))
+    worker.start()
+    assert wait_for(lambda: http_active(sim).get(("/generate", "POST")) == 1.0, timeout=5)
+    worker.join(30)
+    assert result["long"] == (200, 100, 100, True), result["long"]
+    assert wait_for(lambda: http_active(sim).get(("/generate", "POST")) == 0.0, timeout=5)  # stays, at 0
+    assert http_active(sim).get(("/health", "GET"), 0.0) == 0.0
+
+
+def test_no_http_requests_active_without_enable_metrics(start):
+    sim = start(*FAST)
+    assert sim.get("/metrics")[0] == 404
+
+
+def test_abort_all_ends_every_request_with_an_abort_finish_reason_and_the_drain_exits_0(start, lab_env):
+    sim = start("--tp-size", "2", "--api-key", API_KEY, "--enable-metrics", "--max-running-requests", "1", *SLOW, *FAST)
+    result: dict = {}
+    auth = {"authorization": f"Bearer {API_KEY}"}
+    workers = [threading.Thread(target=finishing_stream, args=(sim, 2000, result, f"r{i}", auth)) for i in range(2)]
+    for worker in workers:
+        worker.start()
+    assert wait_for(lambda: "r0:first" in result or "r1:first" in result)
+    assert wait_for(lambda: http_active(sim).get(("/generate", "POST")) == 2.0)  # both arrived
+    sim.proc.send_signal(signal.SIGTERM)
+    assert wait_for(lambda: "Draining requests and shutting down" in sim.log, timeout=2)
+    assert sim.post("/abort_request", {"abort_all": True})[0] == 401  # behind the API key
+    assert (
+        sim.post("/abort_request", {"abort_all": True}, headers={**auth, "content-type": "application/json"})[0] == 200
+    )
+    for worker in workers:
+        worker.join(30)
+    # One was running (aborted at its next step), one waiting (--max-running-requests 1: aborted from the queue).
+    for key in ("r0", "r1"):
+        reason, done = result[key]
+        assert reason == {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}, result
+        assert done, result
+    code, err = sim.finish()
+    assert code == 0, err
+    assert "SIGQUIT" not in err and "crashed" not in err
+    assert sim.children_gone(), sim.children()
+    assert held(lab_env) == {}
+
+
+def test_with_pp_size_above_1_the_schedulers_ignore_shutdown_req(start, lab_env):
+    sim = start("--pp-size", "2", *FAST)
+    assert generate(sim, 1)[0] == 200  # the handle loop owns SIGTERM from the first request on
+    sim.proc.send_signal(signal.SIGTERM)
+    code, err = sim.finish(timeout=60)
+    assert code == 0, err
+    assert "Schedulers still alive 15s after ShutdownReq, killing them before they released" in err

@@ -175,3 +175,27 @@ def test_a_rank_that_dies_takes_the_other_down(nodes):
     code, log = rank0.finish(timeout=30)
     assert code == -signal.SIGKILL
     assert "Connection closed by peer" in log and "Scheduler hit an exception" in log
+
+
+def test_rank1_serves_its_schedulers_metrics_only_with_enable_metrics(nodes):
+    rank0 = nodes(0, "--dist-timeout", "60", "--enable-metrics")
+    rank1 = nodes(1, "--dist-timeout", "60", "--enable-metrics")
+    rank0.wait_healthy()
+    rank1.wait_listening()
+    status, body = rank1.get("/metrics")
+    text = body.decode()
+    assert status == 200, text
+    assert 'sglang:num_running_reqs{model_name="org/sim-model",engine_type="unified",tp_rank="1"' in text
+    assert "sglang:http_requests_active" not in text  # only the API server initialises the HTTP metrics
+    assert "sglang:http_requests_active" in rank0.get("/metrics")[1].decode()
+    os.kill(rank0.proc.pid, signal.SIGTERM)
+    assert rank0.finish()[0] == 0
+    assert rank1.finish()[0] == 0
+
+
+def test_rank1_has_no_metrics_without_enable_metrics(nodes):
+    rank0 = nodes(0, "--dist-timeout", "60")
+    rank1 = nodes(1, "--dist-timeout", "60")
+    rank0.wait_healthy()
+    rank1.wait_listening()
+    assert rank1.get("/metrics")[0] == 404

@@ -387,6 +387,23 @@ def test_claim_for_another_pid_is_seen_by_nvidia_smi(build_dir, env, state_dir, 
     assert apps.stdout.splitlines() == [f"{holder.pid}, 800"]
 
 
+def test_host_pid_offset_lists_holders_by_host_namespace_pid(build_dir, env, state_dir, spawn):
+    """A container host: the driver names the holder by a PID of the host's namespace, absent from our /proc, while
+    its memory still counts as used."""
+    holder = spawn()
+    assert claim_tool(env, "--gpu", "1", "--mib", "800", "--pid", str(holder.pid)).returncode == 0
+    (state_dir / simgpu_state.HOST_PID_OFFSET_FILE).write_text("1000000\n")
+    apps = smi(build_dir, env, "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits")
+    listed = int(apps.stdout.split(",")[0])
+    assert listed == holder.pid + 1000000
+    assert not Path(f"/proc/{listed}").exists()
+    used = smi(build_dir, env, "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "1")
+    assert int(used.stdout.strip()) >= 800
+    (state_dir / simgpu_state.HOST_PID_OFFSET_FILE).write_text("not a number\n")  # malformed: no offset
+    apps = smi(build_dir, env, "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits")
+    assert apps.stdout.splitlines() == [f"{holder.pid}, 800"]
+
+
 @pytest.mark.parametrize(
     ("args", "rc", "message"),
     [

@@ -54,6 +54,8 @@ def run(tmp_path: Path, arrival: list[str], node_groups: dict | None = None, **k
         "__fleet_before": {"up_to_date": "{{ inventory_hostname not in " + repr(arrival) + " }}"},
         # What the role's facts entry point gives (tasks/host_facts.yml runs it in the real preflight).
         "sglang_service_facts": {"node_group": "{{ sglang_service_node_group }}"},
+        # Every host passed its preflight (tasks/preflight_verdict.yml): all go on.
+        "__preflight_verdict": {"go": "{{ ansible_play_hosts }}", "records": {}},
     }
     preflight["tasks"].insert(0, {"name": "Record the state", "ansible.builtin.set_fact": state})
     playbook = tmp_path / "batches.yml"

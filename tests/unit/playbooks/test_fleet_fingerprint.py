@@ -162,14 +162,22 @@ def test_a_change_to_any_filter_changes_every_hosts_fingerprint(render, tmp_path
     def fingerprints() -> dict:
         facts = role_code_files(render, tmp_path)
         facts["sglang_patch_facts"].update(files=[], replacements=[])
+        facts["sglang_service_facts"].update(adaptive_config=adaptive)
         code = render(digest, tmp_path, **facts)
         return {
             host: render("{{ __fleet_fingerprint }}", tmp_path, __fleet_code_digest=code, **facts, **host_vars)
             for host, host_vars in hosts.items()
         }
 
+    adaptive = None
     before = fingerprints()
     assert all(re.fullmatch(r"[0-9a-f]{64}", value) for value in before.values()), before
+    # The adaptive config's content (a sweep's result file may change under the same path) is an input too.
+    adaptive = {"1": {"candidate_steps": [3, 4]}}
+    with_adaptive = fingerprints()
+    adaptive = {"1": {"candidate_steps": [3]}}
+    assert all(with_adaptive[host] != before[host] != fingerprints()[host] for host in hosts)
+    adaptive = None
     for path in sorted((tmp_path / "plugins" / "filter").glob("*.py")):
         original = path.read_text()
         path.write_text(original + "\n# how the unit is written changed\n")

@@ -75,13 +75,14 @@ def test_default_unit_launches_sglang_serve_places_the_engine_and_drains_on_stop
     assert 'Environment="CUDA_DEVICE_ORDER=PCI_BUS_ID" "CUDA_VISIBLE_DEVICES=0,1"' in unit
     assert line(unit, "ExecStop=") == (
         "ExecStop=/opt/sglang/venv/bin/python /usr/local/libexec/llmops/llmops_gate.py drain "
-        "--url http://127.0.0.1:30000 --timeout 140 --pid ${MAINPID}"
+        "--url http://127.0.0.1:30000 --timeout 120 --tail 30 --pid ${MAINPID}"
     )
-    # The stop waits for SGLang's own drain: budget 120 + its 5 s check + scheduler exit 15, within TimeoutStopSec.
-    assert "The wait is at most 140 s" in unit
+    # The stop waits for SGLang's own drain: budget 120, then the tail (its 5 s check + scheduler exit 15 + shutdown
+    # tail 10), within TimeoutStopSec.
+    assert "at most 150 s" in unit
     assert "gpu-free --gpus 0,1 --threshold-mib 1024 --wait 30 --unit sglang-t.service" in unit
     assert "ready --url http://127.0.0.1:30000/health --timeout 1200" in unit
-    for setting in ("KillMode=control-group", "TimeoutStopSec=155", "Restart=on-failure", "StartLimitBurst=3"):
+    for setting in ("KillMode=control-group", "TimeoutStopSec=165", "Restart=on-failure", "StartLimitBurst=3"):
         assert setting in unit.splitlines()
 
 
@@ -156,6 +157,20 @@ def test_rank_0_renders_node_rank_0_and_the_dropin_keeps_the_group(render):
     assert "--nnodes 2 --node-rank 0 --dist-init-addr 10.0.0.1:20000" in dropin
 
 
+def test_a_rank_above_0_has_no_drain_a_short_stop_and_comes_back_by_itself(render):
+    """SGLang's rank >= 1 only logs a SIGTERM and exits 0 when rank 0's ShutdownReq ends it: a drain would wait its
+    whole budget for nothing, and Restart=on-failure would never bring it back."""
+    unit = render("sglang.service.j2", sglang_service_tp_size=4, __sglang_service_node_group_info=GROUP_PLAN)
+    assert "ExecStop=" not in unit
+    settings = unit.splitlines()
+    assert "TimeoutStopSec=30" in settings and "Restart=always" in settings
+    assert "# Rank 1 of a node group: it serves no request, so its stop has no drain." in unit
+    plan = {"node_group": {**GROUP_PLAN["node_group"], "node_rank": 0}}
+    rank0 = render("sglang.service.j2", sglang_service_tp_size=4, __sglang_service_node_group_info=plan).splitlines()
+    assert "TimeoutStopSec=165" in rank0 and "Restart=on-failure" in rank0
+    assert any(entry.startswith("ExecStop=") and " drain " in entry for entry in rank0)
+
+
 def test_the_cuda_toolkit_is_exported_with_its_bin_on_path(render):
     unit = render("sglang.service.j2", sglang_service_cuda_home="/opt/cuda-12.8")
     assert line(unit, 'Environment="CUDA_HOME') == 'Environment="CUDA_HOME=/opt/cuda-12.8"'
@@ -180,6 +195,8 @@ def test_the_api_key_goes_to_the_config_file_never_to_the_unit(render):
     key = 's3cret: "key" $1 %n'
     unit = render("sglang.service.j2", sglang_service_api_key=key)
     assert "--config /etc/llmops/sglang-t.yaml" in line(unit, "ExecStart=")
+    # The stop's abort at the end of the drain budget sends the key, read from the same file.
+    assert line(unit, "ExecStop=").endswith("--tail 30 --config /etc/llmops/sglang-t.yaml --pid ${MAINPID}")
     assert "s3cret" not in unit
     config = render("sglang.yaml.j2", sglang_service_api_key=key)
     assert yaml.safe_load(config) == {"api-key": key}
@@ -321,3 +338,9 @@ def test_filter_off_drops_server_args_lines_on_systemd_253_only(render):
     assert "LogFilterPatterns=~server_args=" in new.splitlines()
     old = render("sglang.service.j2", ansible_facts={"systemd": {"version": 252}}, **off)
     assert "LogFilterPatterns" not in old
+
+
+def test_a_crash_dump_folder_reaches_sglang_only_when_set(render):
+    assert "--crash-dump-folder" not in line(render("sglang.service.j2"), "ExecStart=")
+    unit = render("sglang.service.j2", sglang_service_crash_dump_folder="/var/lib/sglang/crash")
+    assert "--crash-dump-folder /var/lib/sglang/crash" in line(unit, "ExecStart=")

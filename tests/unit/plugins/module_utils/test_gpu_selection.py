@@ -14,6 +14,7 @@ from ansible_collections.llmops.inference.plugins.module_utils.gpu_selection imp
     inspect_gpu_list,
     parse_layout,
 )
+from ansible_collections.llmops.inference.plugins.module_utils.pid_namespace import detect_container
 
 UNIT = "sglang-qwen.service"
 LABEL = "sglang_service_gpus"
@@ -222,14 +223,19 @@ def test_any_other_process_is_refused(host, cgroup, ppid, owner):
     assert f"GPU 0 ({UUID0}) holds 2000 MiB of pid 400 'python3' {owner};" in problem
 
 
-def test_memory_of_a_pid_this_host_cannot_see_is_refused(host):
+def test_memory_of_a_pid_this_host_cannot_see_refuses_the_host_as_one_in_another_pid_namespace(host):
+    """A container host: the driver names the engine's processes by PIDs of the host's namespace. Stopping "that
+    process" is no advice there: the message says why the host cannot be managed and what to do."""
     _proc, gpus, _running = host
     gpus.stuck.add(999)
     gpus.claim(999, 1, 3000)
     (problem,) = check(host, ["1"]).problems
-    assert "holds 3000 MiB of pid 999, which this host's /proc does not show (a process of another PID namespace" in (
-        problem
+    assert problem.startswith(
+        f"{LABEL} cannot be managed from this host: the NVIDIA driver lists pid 999 on GPU 1 ({UUID1}) (3000 MiB), "
+        "which this host's /proc does not show: this host runs in a PID namespace other than the driver's."
     )
+    assert "NVIDIA/nvidia-docker#1483" in problem and "a healthy engine fails its gate" in problem
+    assert "--pid=host" in problem and "sglang_service_gpu_pids_visible: true" in problem
 
 
 def test_a_pid_this_host_cannot_see_that_stays_listed_is_refused_after_listing_again(host):
@@ -241,7 +247,7 @@ def test_a_pid_this_host_cannot_see_that_stays_listed_is_refused_after_listing_a
     assert gpus.queries > 2
     assert [holder["pid"] for holder in verdict.holders] == [999]
     (problem,) = verdict.problems
-    assert "holds 3000 MiB of pid 999, which this host's /proc does not show" in problem
+    assert "the NVIDIA driver lists pid 999 on GPU 1" in problem and "does not show" in problem
 
 
 def test_a_holder_that_exits_between_the_listing_and_the_look_at_proc_is_not_refused(host):
@@ -331,7 +337,7 @@ def test_mig_devices_give_one_cuda_device(tmp_path):
         f"got [{MIG_A}, {MIG_B}]"
     )
     # The MIG device's own holder (pid 4242 in no /proc here) is named with the device.
-    assert f"GPU 0 MIG device 0 ({MIG_A}) holds 30000 MiB of pid 4242" in verdict.problems[1]
+    assert f"lists pid 4242 on GPU 0 MIG device 0 ({MIG_A}) (30000 MiB)" in verdict.problems[1]
 
 
 def test_gpus_whose_processes_cannot_be_listed_are_warned_about(tmp_path):
@@ -374,3 +380,69 @@ def test_the_module_entry_refuses_when_the_gpus_cannot_be_listed(host):
     assert problems == [
         f"{LABEL} cannot be checked against this host's GPUs: no GPU backend worked: NVML: missing; nvidia-smi: missing"
     ]
+
+
+# -- a host that cannot see the driver's PIDs (a container with a PID namespace of its own) --------------------------
+
+
+def test_a_container_host_is_refused_unless_its_gpu_pids_are_said_to_be_visible(host):
+    proc, gpus, running = host
+    options = {"unit": UNIT, "running_units": running, "label": LABEL, "proc_root": str(proc.root)}
+    verdict = check_gpu_list(["0"], gpus()[1], parse_layout(1), container="lxc", **options)
+    (problem,) = verdict.problems
+    assert problem.startswith(
+        f"{LABEL} cannot be managed from this host: it runs in a container (lxc, systemd-detect-virt --container)"
+    )
+    assert "sglang_service_gpu_pids_visible: true" in problem
+    visible = check_gpu_list(["0"], gpus()[1], parse_layout(1), container="lxc", pids_visible=True, **options)
+    assert visible.problems == []
+
+
+def test_evidence_of_unseen_pids_refuses_even_where_they_are_said_to_be_visible(host):
+    proc, gpus, running = host
+    gpus.stuck.add(1000123)
+    gpus.claim(1000123, 0, 44000)
+    options = {"unit": UNIT, "running_units": running, "label": LABEL, "proc_root": str(proc.root)}
+    verdict = check_gpu_list(
+        ["0"], gpus()[1], parse_layout(1), container="systemd-nspawn", pids_visible=True, **options
+    )
+    (problem,) = verdict.problems
+    assert "lists pid 1000123 on GPU 0" in problem
+    assert "this host runs in a systemd-nspawn container (sglang_service_gpu_pids_visible is true, but this shows" in (
+        problem
+    )
+
+
+@pytest.mark.parametrize(
+    ("answer", "expected"),
+    [((0, "lxc\n", ""), "lxc"), ((1, "none\n", ""), None), ((0, "none\n", ""), None), (OSError(2, "no such"), None)],
+)
+def test_detect_container_reads_systemd_detect_virt(answer, expected):
+    calls = []
+
+    def run(args):
+        calls.append(args)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    assert detect_container(run) == expected
+    assert calls == [["systemd-detect-virt", "--container"]]
+
+
+def test_inspect_gpu_list_asks_systemd_detect_virt_and_takes_pids_visible(host):
+    proc, gpus, _running = host
+
+    class Runner(FakeSystemctl):
+        def __call__(self, args):
+            if args[0] == "systemd-detect-virt":
+                self.calls.append(list(args))
+                return 0, "docker\n", ""
+            return super().__call__(args)
+
+    refused = inspect_gpu_list(params(), Runner({}), query=gpus, booted=lambda: True, proc_root=str(proc.root))[1]
+    assert len(refused) == 1 and "it runs in a container (docker" in refused[0]
+    accepted = inspect_gpu_list(
+        {**params(), "pids_visible": True}, Runner({}), query=gpus, booted=lambda: True, proc_root=str(proc.root)
+    )[1]
+    assert accepted == []

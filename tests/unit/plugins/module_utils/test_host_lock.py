@@ -1,4 +1,4 @@
-"""The host lock: a detached holder keeps an flock until released, broken, or its lease ends."""
+"""The host lock: a detached holder keeps an flock until released, broken, or its run stops renewing it."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def lock_path(tmp_path):
 
 
 def test_acquire_holds_until_released(lock_path):
-    record = host_lock.acquire(lock_path, {"play": "one"}, timeout=1, lease=60)
+    record = host_lock.acquire(lock_path, {"play": "one"}, timeout=1)
     assert record["token"] and record["pid"] > 1
     assert host_lock.status(lock_path)["held"] is True
     assert host_lock.read_holder(lock_path)["owner"] == {"play": "one"}
@@ -36,17 +36,17 @@ def test_acquire_holds_until_released(lock_path):
 
 
 def test_second_run_is_refused_and_told_who_holds_it(lock_path):
-    host_lock.acquire(lock_path, {"play": "first"}, timeout=1, lease=60)
+    host_lock.acquire(lock_path, {"play": "first"}, timeout=1)
 
     with pytest.raises(host_lock.LockBusy) as refused:
-        host_lock.acquire(lock_path, {"play": "second"}, timeout=0.2, lease=60)
+        host_lock.acquire(lock_path, {"play": "second"}, timeout=0.2)
 
     assert "play=first" in str(refused.value)
     assert refused.value.holder["owner"] == {"play": "first"}
 
 
 def test_release_with_another_token_leaves_the_lock(lock_path):
-    host_lock.acquire(lock_path, {}, timeout=1, lease=60)
+    host_lock.acquire(lock_path, {}, timeout=1)
 
     answer = host_lock.release(lock_path, "not-the-token")
 
@@ -54,18 +54,136 @@ def test_release_with_another_token_leaves_the_lock(lock_path):
     assert host_lock.status(lock_path)["held"] is True
 
 
-def test_lease_ends_the_hold(lock_path):
-    host_lock.acquire(lock_path, {}, timeout=1, lease=0.3)
-    deadline = time.monotonic() + 5
+def test_a_lock_nobody_renews_is_let_go_and_its_renewal_then_fails(lock_path):
+    record = host_lock.acquire(lock_path, {}, timeout=1, period=0.2, margin=0.1)
+    deadline = time.monotonic() + 30
     while host_lock.status(lock_path)["held"] and time.monotonic() < deadline:
         time.sleep(0.05)
 
     assert host_lock.status(lock_path)["held"] is False
-    assert host_lock.acquire(lock_path, {}, timeout=0, lease=60)["token"]
+    assert not os.path.exists(host_lock.alive_path(lock_path))
+    assert host_lock.renew(lock_path, record["token"]) is False
+    assert host_lock.acquire(lock_path, {}, timeout=0)["token"]
+
+
+def test_renew_touches_the_renewal_file_of_the_token_that_holds_it(lock_path):
+    record = host_lock.acquire(lock_path, {}, timeout=1)
+    alive = host_lock.alive_path(lock_path)
+    os.utime(alive, (1, 1))  # as if renewed long ago
+
+    assert host_lock.renew(lock_path, record["token"]) is True
+    assert os.stat(alive).st_mtime > 1
+    assert host_lock.renew(lock_path, "not-the-token") is False
+    host_lock.release(lock_path, record["token"])
+    assert host_lock.renew(lock_path, record["token"]) is False
+    assert not os.path.exists(alive)
+
+
+def test_a_broken_lock_tells_its_run_at_the_next_renewal(lock_path):
+    record = host_lock.acquire(lock_path, {"play": "one"}, timeout=1)
+    host_lock.break_lock(lock_path)
+    other = host_lock.acquire(lock_path, {"play": "two"}, timeout=1)
+
+    assert host_lock.renew(lock_path, record["token"]) is False
+    assert host_lock.held_with(lock_path, other["token"]) is True
+    assert host_lock.renew(lock_path, other["token"]) is True
+
+
+def test_the_lease_lasts_period_plus_margin_after_the_last_renewal_on_the_holders_clock():
+    lease = host_lock.Lease("t", period=30, margin=60, now=1000.0, mtime=5.0)
+    assert lease.observe(("t", 5.0), 1089.0) is None
+    assert lease.observe(("t", 6.0), 1089.5) is None  # a renewal: a new mtime, whatever its value
+    assert lease.observe(("t", 6.0), 1179.0) is None
+    assert "did not renew it for 90 s" in lease.observe(("t", 6.0), 1180.0)
+
+
+def test_the_lease_ignores_the_hosts_wall_clock():
+    # An mtime far in the past or future is a renewal as any other: only a change counts, timed on the holder's clock.
+    lease = host_lock.Lease("t", period=1, margin=1, now=0.0, mtime=1e9)
+    assert lease.observe(("t", 1.0), 1.5) is None
+    assert lease.observe(("t", 1.0), 3.0) is None
+    assert lease.observe(("t", 1.0), 3.6) is not None
+
+
+def test_the_lease_ends_when_the_renewal_file_is_gone_or_names_another_holder():
+    lease = host_lock.Lease("t", period=30, margin=60, now=0.0, mtime=1.0)
+    assert "gone" in lease.observe(None, 1.0)
+    assert "another holder" in lease.observe(("u", 1.0), 1.0)
+
+
+class FakeRun:
+    """A clock that moves only when the keeper sleeps, a run that dies at a given time, a lock that can be lost."""
+
+    def __init__(self, dies_at=None, lost_at=None, unreachable=()):
+        self.now, self.dies_at, self.lost_at, self.unreachable = 0.0, dies_at, lost_at, unreachable
+        self.renewals, self.dropped = [], []
+
+    def alive(self):
+        return self.dies_at is None or self.now < self.dies_at
+
+    def renew(self):
+        if any(start <= self.now < end for start, end in self.unreachable):
+            return None
+        if self.lost_at is not None and self.now >= self.lost_at:
+            return False
+        self.renewals.append(self.now)
+        return True
+
+    def sleep(self, seconds):
+        self.now += seconds
+
+    def drop(self):
+        self.dropped.append(self.now)
+
+    def keeper(self, period=30.0):
+        return host_lock.Keeper(self, period, clock=lambda: self.now, sleep=self.sleep)
+
+
+def test_the_keeper_renews_every_period_while_its_run_lives_and_drops_the_lock_when_it_is_gone():
+    run = FakeRun(dies_at=100.0)
+    assert run.keeper().run() == "run gone: lock dropped"
+    assert run.renewals == [30.0, 60.0, 90.0]
+    assert run.dropped == [100.0]
+
+
+def test_the_keeper_stops_once_the_lock_is_released_or_lost():
+    run = FakeRun(lost_at=45.0)
+    assert run.keeper().run() == "lock released or lost"
+    assert run.renewals == [30.0] and run.now == 60.0 and run.dropped == []
+
+
+def test_the_keeper_retries_an_unreachable_host_every_poll_until_it_answers():
+    run = FakeRun(dies_at=70.0, unreachable=[(30.0, 33.0)])
+    run.keeper().run()
+    assert run.renewals == [33.0, 63.0]
+
+
+def test_a_run_killed_blocks_others_at_most_one_period_plus_margin():
+    # The keeper's last renewal is at most one period before the run died; the holder lets go period + margin later.
+    run = FakeRun(dies_at=119.0)
+    run.keeper(period=30.0).run()
+    lease = host_lock.Lease("t", period=30, margin=60, now=0.0, mtime=0.0)
+    for renewal in run.renewals:
+        assert lease.observe(("t", renewal), renewal) is None
+    assert lease.observe(("t", run.renewals[-1]), run.dies_at + 30 + 60) is not None
+
+
+def test_manage_renews_with_the_token_and_fails_once_the_lock_is_lost(lock_path):
+    taken = host_lock.manage(lock_path, host_lock.LockRequest("present", timeout=1))
+    renewed = host_lock.manage(lock_path, host_lock.LockRequest("present", token=taken["token"]))
+    assert renewed["held"] is True and renewed["changed"] is False
+    host_lock.break_lock(lock_path)
+    with pytest.raises(host_lock.LockError, match=r"no longer held with this token.*the run lost it"):
+        host_lock.manage(lock_path, host_lock.LockRequest("present", token=taken["token"]))
+
+
+def test_acquire_refuses_a_period_that_cannot_be_renewed(lock_path):
+    with pytest.raises(ValueError, match="renewal period"):
+        host_lock.acquire(lock_path, {}, timeout=1, period=0)
 
 
 def test_break_frees_a_lock_held_by_anyone(lock_path):
-    host_lock.acquire(lock_path, {"play": "stuck"}, timeout=1, lease=60)
+    host_lock.acquire(lock_path, {"play": "stuck"}, timeout=1)
 
     answer = host_lock.break_lock(lock_path)
 
@@ -79,7 +197,7 @@ def test_status_of_a_missing_lock_file(tmp_path):
 
 def test_held_with_knows_the_token_of_the_current_holder(lock_path):
     assert host_lock.held_with(lock_path, "any") is False
-    record = host_lock.acquire(lock_path, {}, timeout=1, lease=60)
+    record = host_lock.acquire(lock_path, {}, timeout=1)
     assert host_lock.held_with(lock_path, record["token"]) is True
     assert host_lock.held_with(lock_path, "not-the-token") is False
     assert host_lock.held_with(lock_path, "") is False
@@ -88,7 +206,7 @@ def test_held_with_knows_the_token_of_the_current_holder(lock_path):
 
 
 def test_manage_takes_and_releases_without_reporting_a_change(lock_path):
-    taken = host_lock.manage(lock_path, host_lock.LockRequest("present", owner={"play": "p"}, timeout=1, lease=60))
+    taken = host_lock.manage(lock_path, host_lock.LockRequest("present", owner={"play": "p"}, timeout=1))
     assert taken["changed"] is False and taken["held"] is True and taken["token"]
     released = host_lock.manage(lock_path, host_lock.LockRequest("absent", token=taken["token"]))
     assert released["released"] is True and released["changed"] is False
@@ -102,7 +220,7 @@ def test_manage_in_check_mode_takes_nothing(lock_path):
 
 
 def test_manage_breaks_only_when_forced(lock_path):
-    host_lock.acquire(lock_path, {"play": "stuck"}, timeout=1, lease=60)
+    host_lock.acquire(lock_path, {"play": "stuck"}, timeout=1)
     with pytest.raises(ValueError, match="needs the token of the lock to release, or force=true"):
         host_lock.manage(lock_path, host_lock.LockRequest("absent"))
     assert host_lock.manage(lock_path, host_lock.LockRequest("absent", force=True), check_mode=True)["changed"] is True
@@ -113,7 +231,7 @@ def test_manage_breaks_only_when_forced(lock_path):
 
 
 def test_manage_present_raises_busy_naming_the_holder(lock_path):
-    host_lock.acquire(lock_path, {"play": "deploy"}, timeout=1, lease=60)
+    host_lock.acquire(lock_path, {"play": "deploy"}, timeout=1)
     with pytest.raises(host_lock.LockBusy, match="play=deploy"):
         host_lock.manage(lock_path, host_lock.LockRequest("present", timeout=0.2))
 
@@ -133,7 +251,7 @@ if len(sys.argv) > 6:
 sys.stdin.readline()
 answer = {"name": name, "took": False, "released": None, "busy": None, "error": None}
 try:
-    record = host_lock.acquire(path, {"run": name}, timeout=timeout, lease=60)
+    record = host_lock.acquire(path, {"run": name}, timeout=timeout)
     answer["took"] = True
     answer["owner_seen"] = host_lock.read_holder(path).get("owner")
     time.sleep(hold)
@@ -232,7 +350,7 @@ def wait_queued(path: str, timeout: float = 30) -> None:
 
 
 def test_break_with_a_run_waiting_frees_the_lock_for_that_run(lock_path):
-    host_lock.acquire(lock_path, {"play": "stuck"}, timeout=1, lease=60)
+    host_lock.acquire(lock_path, {"play": "stuck"}, timeout=1)
     waiter = start_run(lock_path, "waiter", 10, 0)
     waiter.stdin.write("go\n")
     waiter.stdin.flush()
@@ -284,7 +402,7 @@ def test_a_record_whose_pid_now_names_another_process_signals_nobody(lock_path, 
 
 
 def test_the_record_names_when_its_holder_started(lock_path):
-    record = host_lock.acquire(lock_path, {}, timeout=1, lease=60)
+    record = host_lock.acquire(lock_path, {}, timeout=1)
     with open(f"/proc/{record['pid']}/stat", encoding="ascii") as handle:
         started = handle.read().rsplit(")", 1)[1].split()[19]
     assert record["pid_start"] == started == host_lock.read_holder(lock_path)["pid_start"]

@@ -106,6 +106,29 @@ def test_restore_puts_back_files_and_removes_new_dropins(tmp_path, unit):
     assert store.restore("current", dropins)["changed"] is False
 
 
+def test_a_rollback_removes_the_adaptive_config_and_drop_in_the_previous_snapshot_lacks(tmp_path, unit):
+    files, dropins = unit
+    store = KnownGoodStore(str(tmp_path / "kg"))
+    store.save(files, dropins, {})
+    adaptive = str(tmp_path / "sglang-adaptive.json")
+    with open(adaptive, "w") as handle:
+        handle.write('{"1": {"candidate_steps": [3, 4]}}\n')
+    dropin = os.path.join(dropins, "40-adaptive.conf")
+    with open(dropin, "w") as handle:
+        handle.write("[Service]\n")
+    store.save(dict(files, adaptive_config=adaptive), dropins, {})
+
+    preview = store.restore("previous", dropins, check_mode=True)
+    assert sorted(preview["removed"]) == sorted([adaptive, dropin]) and os.path.exists(adaptive)
+
+    answer = store.restore("previous", dropins)
+
+    assert not os.path.exists(adaptive) and not os.path.exists(dropin)
+    assert sorted(answer["removed"]) == sorted([adaptive, dropin])
+    back = store.restore("current", dropins)  # and forth: the current snapshot brings both back
+    assert os.path.exists(adaptive) and os.path.exists(dropin) and back["changed"]
+
+
 def test_restore_refuses_a_copy_that_does_not_match_its_checksum(tmp_path, unit):
     files, dropins = unit
     store = KnownGoodStore(str(tmp_path / "kg"))

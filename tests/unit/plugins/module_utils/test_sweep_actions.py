@@ -201,7 +201,8 @@ def test_reports_json_csv_markdown_and_plots(tmp_path):
     assert report["robust_choice"]["point"]["steps"] == 2
     assert report["sla_choice"]["point"]["heaviest_concurrency"] == 1  # p99 TPOT 80 ms at concurrency 8
     assert report["choice"]["rule"] == "sla"
-    expected = ["csv", "json", "markdown", "pareto_png", "png"] if plot_available() else ["csv", "json", "markdown"]
+    plots = ["pareto_png", "png"] if plot_available() else []
+    expected = sorted(["adaptive_config", "adaptive_csv", "csv", "json", "markdown", *plots])
     assert sorted(report["files"]) == expected
     document = json.loads((tmp_path / "results.json").read_text())
     assert len(document["records"]) == 10

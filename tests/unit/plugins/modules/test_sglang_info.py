@@ -132,6 +132,7 @@ def test_the_gpus_mode_needs_no_interpreter_and_passes(capsys, monkeypatch, targ
         "unit": "sglang-qwen",
         "label": "sglang_service_gpus",
         "backend": "auto",
+        "pids_visible": False,
     }
 
 
@@ -224,3 +225,25 @@ def test_the_node_group_mode_fails_on_a_bad_group_or_an_unreachable_rank0(capsys
     assert result["failed"] is True and "sglang_service_tp_size 3 does not divide by the 2 hosts" in result["msg"]
     result = run_node_group_mode(capsys, monkeypatch, group_args("gpu-b"), reach=lambda *a: "gpu-b cannot reach ...")
     assert result["failed"] is True and result["msg"] == "gpu-b cannot reach ..."
+
+
+def test_the_drain_mode_refuses_settings_sglangs_drain_does_not_serve(capsys, target_side_ansible):
+    from ansible.module_utils.testing import patch_module_args
+
+    from ansible_collections.llmops.inference.plugins.modules import sglang_info
+
+    args = {"drain": {"extra_args": ["--pp-size", "2"], "environment": {"SGLANG_RUST_SERVER": "1"}}}
+    with patch_module_args(args), pytest.raises(SystemExit):
+        sglang_info.main()
+    result = json.loads(capsys.readouterr().out)
+    assert result["failed"] is True
+    lines = result["msg"].splitlines()
+    assert len(lines) == 2
+    assert lines[0].startswith("sglang_service_extra_args sets --pp-size 2:")
+    assert lines[1].startswith("sglang_service_environment sets SGLANG_RUST_SERVER=1:")
+    accepted = {"drain": {**args["drain"], "accept": True}}
+    with patch_module_args(accepted), pytest.raises(SystemExit):
+        sglang_info.main()
+    result = json.loads(capsys.readouterr().out)
+    assert result.get("failed") is not True
+    assert result["msg"] == "the stop's drain serves the engine's settings"

@@ -13,6 +13,7 @@ from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from fake_proc import FakeClock
 
 from ansible_collections.llmops.inference.plugins.module_utils.host_lock import LockBusy, LockError
+from ansible_collections.llmops.inference.plugins.module_utils.in_flight import SOURCE_SCHEDULER, InFlight
 from ansible_collections.llmops.inference.plugins.module_utils.restart.chain import RestartChain
 from ansible_collections.llmops.inference.plugins.module_utils.restart.gate import GATE_TIERS, tier_list
 from ansible_collections.llmops.inference.plugins.module_utils.restart.options import (
@@ -46,6 +47,7 @@ class UnitSetup:
     need_reload: bool = False
     journal: list | None = None
     loaded: bool = True
+    restart_always: bool = False  # a rank >= 1's unit: a clean exit waits to come back (SubState=auto-restart)
 
 
 class FakeUnit:
@@ -59,6 +61,7 @@ class FakeUnit:
         self.burst = setup.burst
         self.need_reload = setup.need_reload
         self.loaded = setup.loaded
+        self.restart_always = setup.restart_always
         self.journal = (
             setup.journal if setup.journal is not None else [SERVER_ARGS, "The server is fired up and ready to roll!"]
         )
@@ -112,6 +115,16 @@ class FakeUnit:
         ready_at = run.started + run.load
         if now < ready_at:
             return {"ActiveState": "activating", "SubState": "start-post", "MainPID": str(run.pid)}
+        if run.exit0_after_ready is not None and now >= ready_at + run.exit0_after_ready and self.restart_always:
+            return {
+                "ActiveState": "activating",
+                "SubState": "auto-restart",
+                "MainPID": "0",
+                "NRestarts": "1",
+                "ExecMainStatus": "0",
+                "ExecMainCode": "1",
+                "ExecMainPID": str(run.pid),
+            }
         if run.exit0_after_ready is not None and now >= ready_at + run.exit0_after_ready:
             return {
                 "ActiveState": "inactive",
@@ -241,9 +254,11 @@ class FakeLocks:
         self.busy = busy
         self.token = token
         self.calls = []
+        # The lock is lost (broken, or let go) once this many checks of it have answered that it is held.
+        self.lost_after = None
 
-    def acquire(self, path, owner, timeout, lease):
-        self.calls.append(("acquire", path, owner))
+    def acquire(self, path, owner, timeout, period, margin):
+        self.calls.append(("acquire", path, owner, timeout))
         if self.busy:
             raise LockBusy(f"{path} is held by controller=other, play=deploy; gave up after waiting 2.0 s", {})
         return {"token": self.token, "msg": f"acquired {path} after 0.0 s", "waited_s": 0.0}
@@ -258,7 +273,15 @@ class FakeLocks:
 
     def held_with(self, path, token):
         self.calls.append(("held_with", path, token))
+        if self.lost_after is not None:
+            if self.lost_after <= 0:
+                return False
+            self.lost_after -= 1
         return token == self.token
+
+    def kinds(self):
+        """The calls, by kind, without the checks the chain makes before each step."""
+        return [call[0] for call in self.calls if call[0] != "held_with"]
 
 
 def validated(params: dict) -> dict:
@@ -279,7 +302,13 @@ PARAMS = {
     "soak": 3,
     "reap": {"grace": 10, "timeout": 60, "threshold_mib": 1024},
     "probe": {"expected_model": "Qwen/Qwen3-8B", "max_new_tokens": 32, "generate_timeout": 60},
-    "lock": {"path": "/run/lock/llmops-sglang-t.lock", "owner": {"play": "test"}, "timeout": 5, "lease": 600},
+    "lock": {
+        "path": "/run/lock/llmops-sglang-t.lock",
+        "owner": {"play": "test"},
+        "timeout": 5,
+        "renew_period": 30,
+        "renew_margin": 60,
+    },
     "known_good": {
         "root": "/var/lib/llmops/known-good/sglang-t",
         "files": {"unit": "/etc/systemd/system/sglang-t.service", "environment": "/etc/llmops/sglang-t.env"},
@@ -288,6 +317,8 @@ PARAMS = {
         "python": "/opt/sglang/venv/bin/python",
     },
     "journal_lines": 30,
+    # The reference gate has tests of its own (test_restart_reference.py); here it stays out of the way.
+    "reference": {"mode": "off"},
 }
 
 
@@ -350,11 +381,19 @@ ADMIN_KEY = "gw-adm1n-s3cret"
 
 
 class Scrapes:
-    """The engine's in-flight counts, one per scrape (the last one for ever); None when /metrics is down."""
+    """The engine's in-flight counts, one per scrape (the last one for ever): (running, queued) of the scheduler's
+    gauges (an engine without sglang:http_requests_active), an InFlight, or None when /metrics is down."""
 
     def __init__(self, *answers):
-        self.answers = list(answers) or [(0, 0)]
+        self.answers = [self._reading(answer) for answer in answers] or [self._reading((0, 0))]
         self.calls = 0
+
+    @staticmethod
+    def _reading(answer):
+        if isinstance(answer, tuple):
+            running, queued = answer
+            return InFlight(SOURCE_SCHEDULER, running + queued, running, queued)
+        return answer
 
     def __call__(self):
         self.calls += 1

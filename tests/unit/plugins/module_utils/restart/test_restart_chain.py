@@ -69,7 +69,7 @@ def test_active_unit_is_drained_reaped_started_gated_and_snapshotted():
     assert ["systemctl", "start", "--no-block", UNIT] in world.unit.calls
     assert result["service"]["stop_mode"] == "drain"
     assert "stopped through its ExecStop drain" in result["steps"][3]["detail"]
-    assert [call[0] for call in world.locks.calls] == ["acquire", "release"]
+    assert world.locks.kinds() == ["acquire", "release"]
     assert (
         result["service"]["main_pid"] == 4000
         and result["service"]["active_state"] == "active"
@@ -278,12 +278,67 @@ def test_a_lock_token_from_the_caller_is_checked_and_not_released():
     world = World()
     result = world.run(lock={**PARAMS["lock"], "token": "tok-1"})
     assert result["healthy"] is True
-    assert [call[0] for call in world.locks.calls] == ["held_with"]
+    assert world.locks.kinds() == []
+    assert {call[0] for call in world.locks.calls} == {"held_with"}
     assert result["service"]["lock"] == {"path": PARAMS["lock"]["path"], "taken": False}
 
     stale = World().run(lock={**PARAMS["lock"], "token": "stale"})
     assert stale["gate"]["failed_step"] == "lock"
     assert "is not held with the given lock.token" in stale["gate"]["reason"]
+
+
+# Checks that answer "held" before the lock is lost: the caller's token is checked at the lock step too; then the
+# checks before the stop and reset-failed pass, and the one before the reap finds the lock gone.
+@pytest.mark.parametrize(("token", "checks"), [(None, 2), ("tok-1", 3)])
+def test_a_lock_lost_mid_chain_stops_it_before_the_next_step_and_says_where_the_unit_was_left(token, checks):
+    world = World()
+    world.locks.lost_after = checks
+    lock = {**PARAMS["lock"], "token": token} if token else PARAMS["lock"]
+    result = world.run(lock=lock)
+    assert result["healthy"] is False
+    assert result["gate"]["failed_step"] == "lock_lost"
+    assert f"lost the host lock {PARAMS['lock']['path']}" in result["gate"]["reason"]
+    assert "stopped before the reap step and changed nothing after it" in result["gate"]["reason"]
+    assert "start" not in world.unit.verbs() and "stop" in world.unit.verbs()
+    assert result["service"]["active_state"] == "inactive"
+    assert "reap" not in [step["name"] for step in result["steps"]]
+
+
+def test_a_lock_lost_while_the_gate_waits_for_the_load_stops_the_chain_there():
+    world = World(starts=[Start(load=30.0)])
+    checks = []
+    original = world.locks.held_with
+
+    def held_with(path, token):
+        checks.append(world.clock())
+        return original(path, token) and world.clock() < 10.0  # lost 10 s into the run, while the engine loads
+
+    world.locks.held_with = held_with
+    result = world.run()
+    assert result["gate"]["failed_step"] == "lock_lost"
+    assert "stopped during the gate step" in result["gate"]["reason"]
+    names = [step["name"] for step in result["steps"]]
+    assert names.index("gate") < names.index("lock_lost") < names.index("unlock")
+    assert len(checks) > 6  # the gate checked at each of its polls
+    assert world.locks.kinds() == ["acquire", "status", "release"]
+
+
+def test_a_retake_replaces_a_lost_token_with_a_lock_taken_at_once():
+    world = World()
+    result = world.run(lock={**PARAMS["lock"], "token": "stale", "retake": True})
+    assert result["healthy"] is True, result["msg"]
+    assert ("acquire", PARAMS["lock"]["path"], {"play": "test"}, 0) in world.locks.calls
+    assert world.locks.kinds() == ["status", "acquire", "release"]
+    assert result["service"]["lock"]["retaken"] is True
+
+
+def test_a_retake_that_finds_another_holder_changes_nothing():
+    world = World()
+    world.locks.busy = True
+    result = world.run(lock={**PARAMS["lock"], "token": "stale", "retake": True})
+    assert result["gate"]["failed_step"] == "lock"
+    assert "no longer holds" in result["gate"]["reason"] and "cannot be taken anew" in result["gate"]["reason"]
+    assert world.unit.verbs() == []
 
 
 def test_unreapable_gpu_memory_fails_the_chain_and_leaves_the_unit_stopped():

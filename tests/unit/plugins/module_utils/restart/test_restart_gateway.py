@@ -25,6 +25,7 @@ from restart_world import (
     validated,
 )
 
+from ansible_collections.llmops.inference.plugins.module_utils.in_flight import SOURCE_HTTP, InFlight
 from ansible_collections.llmops.inference.plugins.module_utils.restart.options import (
     ChainInputError,
     parse_chain_options,
@@ -52,7 +53,8 @@ def test_the_worker_leaves_every_replica_before_the_stop_and_rejoins_each_after_
     assert gateway["drain"]["idle"] is True and world.scrapes.calls == 3
     steps = {step["name"]: step for step in result["steps"]}
     assert steps["drain_wait"]["detail"].startswith(
-        "the engine's gauges show no running and no queued request; the stop waits for SGLang's own drain"
+        "waited on the scheduler gauges (sglang:http_requests_active not exported): no running and no queued "
+        "request; the stop waits for SGLang's own drain"
     )
     assert steps["gateway_add"]["detail"] == f"{ME} healthy on all 2 gateway(s): {replicas[0].url}, {replicas[1].url}"
     assert result["msg"].endswith("and is back in its gateway(s)")
@@ -73,10 +75,28 @@ def test_a_drain_budget_that_ends_is_said_in_the_steps_and_the_unit_is_stopped_a
     drain = next(step for step in result["steps"] if step["name"] == "drain_wait")
     assert drain["status"] == "expired"
     assert drain["detail"].startswith(
-        "drain budget of 4 s ended with 3 running and 2 queued request(s) on the engine; the stop waits for SGLang's"
+        "drain budget of 4 s ended with 3 running and 2 queued request(s) (scheduler gauges) on the engine; the stop "
+        "waits for SGLang's"
     )
-    assert result["gateway"]["drain"] == {"idle": False, "waited_s": 4.0, "running": 3, "queued": 2}
+    assert result["gateway"]["drain"] == {
+        "idle": False, "waited_s": 4.0, "source": "scheduler gauges", "requests": 5, "running": 3, "queued": 2
+    }  # fmt: skip
     assert "stop" in world.unit.verbs()
+
+
+def test_the_drain_waits_on_http_requests_active_where_the_engine_exports_it(replicas):
+    """The scheduler's gauges read 0 while requests sit in the tokenizer or were just admitted; the HTTP gauge counts
+    them, so the wait goes on until it reads 0, and says what it waited on."""
+    fleet(replicas)
+    busy = InFlight(SOURCE_HTTP, 3, 0, 0)
+    world = GatewayWorld(replicas, Scrapes(busy, busy, InFlight(SOURCE_HTTP, 0, 0, 0)))
+    result = world.run()
+    assert result["healthy"] is True, result["msg"]
+    drain = next(step for step in result["steps"] if step["name"] == "drain_wait")
+    assert drain["detail"].startswith("waited on sglang:http_requests_active: no HTTP request in flight on the engine")
+    assert world.scrapes.calls == 3
+    assert result["gateway"]["drain"]["source"] == "http_requests_active"
+    assert result["gateway"]["drain"]["requests"] == 0
 
 
 def test_an_engine_without_metrics_has_nothing_to_drain(replicas):

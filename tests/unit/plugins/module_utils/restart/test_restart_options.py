@@ -133,6 +133,8 @@ def test_validated_parameters_reach_the_chain_unchanged():
     options = parse_chain_options(validated({"unit": "sglang-t"}))
     assert (options.ready_timeout, options.stability_window, options.soak) == (1260, 5, 3)
     assert options.reap == {"grace": 10, "timeout": 60, "threshold_mib": 1024}
-    assert (options.lock.timeout, options.lock.lease, options.known_good.patch_state_id) == (600, 3600, "unknown")
+    lock = options.lock
+    assert (lock.timeout, lock.renew_period, lock.renew_margin, lock.retake) == (600, 30, 60, False)
+    assert options.known_good.patch_state_id == "unknown"
     assert (options.gateway.min_healthy, options.gateway.unreachable, options.journal_lines) == (1, "fail", 30)
     assert parse_chain_options(validated(PARAMS)).probe["expected_model"] == "Qwen/Qwen3-8B"

@@ -52,6 +52,20 @@ def test_a_rank_that_ends_after_rank_0s_stop_is_not_killed():
     assert result["service"]["stop_mode"] == "none"
 
 
+def test_a_rank_that_ended_and_waits_for_its_automatic_restart_has_ended_and_its_restart_is_cancelled():
+    """Restart=always on a rank >= 1: rank 0's ShutdownReq ends it with exit 0 and systemd holds it in auto-restart.
+    That is the end of its run, not a restart loop: no SIGKILL, and the stop cancels the pending restart."""
+    world = ends_at(World(restart_always=True), 3.0)
+    result = world.run(phase="stop", node_rank=1)
+    assert result["gate"]["failed_step"] is None, result["msg"]
+    assert "ended after rank 0's stop (auto-restart: its automatic restart is pending)" in result["steps"][3]["detail"]
+    assert 3.0 <= world.clock.now < 3.5, "polled until it ended"
+    assert world.unit.verbs() == ["stop", "reset-failed"]
+    assert result["service"]["stop_mode"] == "ended"
+    assert "ended cleanly on rank 0's ShutdownReq" in result["steps"][4]["detail"]
+    assert result["service"]["active_state"] == "inactive"
+
+
 def test_a_rank_that_still_runs_after_rank_0s_stop_is_killed_not_drained():
     world = World()
     result = world.run(phase="stop", node_rank=1)
